@@ -1,0 +1,211 @@
+"""The paged KV pool of step14_5: fixed-size blocks, ref-counted, shared between sequences.
+
+The pool is allocated once at start-up: per layer, ``num_blocks x block_size`` K and V slots.
+A block is in exactly one of three states:
+
+* free            -- ref_count 0, no hash, in the free queue;
+* cached-and-free -- ref_count 0, keeps its hash and stays in the prefix cache until its
+                     memory is needed (then it is evicted, least recently used first);
+* in use          -- ref_count > 0, held by that many block tables.
+
+The prefix-cache map (hash -> block) lives here because eviction, which happens when a free
+block is popped for reuse, must drop the block's old entry. The engine decides *what* to look
+up and register (engine.py, the chapter's ``_lookup_prefix_cache`` / ``_save_prefix_cache``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(eq=False)
+class Block:
+    """One physical KV block plus the identity it carries while cached."""
+
+    block_id: int
+    ref_count: int = 0
+    block_hash: int | None = None
+    # What the hash stands for, checked on every hit so a collision can only cost a miss.
+    token_bytes: bytes | None = None
+    parent_id: int | None = None
+    salt: str | None = None
+    # Links of the free queue (None when not queued or at an end).
+    prev: Block | None = None
+    next: Block | None = None
+    in_free_queue: bool = False
+
+    def forget_identity(self) -> None:
+        self.block_hash = None
+        self.token_bytes = None
+        self.parent_id = None
+        self.salt = None
+
+
+class FreeBlockQueue:
+    """Doubly linked list of ref-count-0 blocks: O(1) pop, push and removal from the middle.
+
+    The front is evicted first. Blocks that carry no cached content are pushed to the
+    front (they cost nothing to reuse); cached blocks go to the back (most recently used).
+    """
+
+    def __init__(self) -> None:
+        self.head: Block | None = None
+        self.tail: Block | None = None
+        self.size = 0
+
+    def push_back(self, block: Block) -> None:
+        block.prev, block.next = self.tail, None
+        if self.tail is None:
+            self.head = block
+        else:
+            self.tail.next = block
+        self.tail = block
+        self._mark_added(block)
+
+    def push_front(self, block: Block) -> None:
+        block.prev, block.next = None, self.head
+        if self.head is None:
+            self.tail = block
+        else:
+            self.head.prev = block
+        self.head = block
+        self._mark_added(block)
+
+    def remove(self, block: Block) -> None:
+        if block.prev is None:
+            self.head = block.next
+        else:
+            block.prev.next = block.next
+        if block.next is None:
+            self.tail = block.prev
+        else:
+            block.next.prev = block.prev
+        block.prev = block.next = None
+        block.in_free_queue = False
+        self.size -= 1
+
+    def pop_front(self) -> Block:
+        if self.head is None:
+            raise RuntimeError("no free KV block (the scheduler must check can_allocate first)")
+        block = self.head
+        self.remove(block)
+        return block
+
+    def _mark_added(self, block: Block) -> None:
+        block.in_free_queue = True
+        self.size += 1
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __iter__(self):
+        block = self.head
+        while block is not None:
+            yield block
+            block = block.next
+
+
+class KVCachePool:
+    """The K/V tensors: ``[num_layers, num_blocks * block_size, num_kv_heads, head_dim]`` each.
+
+    Slot ``block_id * block_size + offset`` holds one token's K/V. Zero-initialised so that
+    masked-out slots can never inject NaN into attention.
+    """
+
+    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
+                 head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+        shape = (num_layers, num_blocks * block_size, num_kv_heads, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+
+    @staticmethod
+    def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
+                        dtype: torch.dtype) -> int:
+        element = torch.empty((), dtype=dtype).element_size()
+        return 2 * num_layers * block_size * num_kv_heads * head_dim * element
+
+
+class BlockManager:
+    """Allocates, shares and frees blocks; owns the hash -> block map of the prefix cache."""
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"the KV pool needs at least one block, got num_blocks={num_blocks}")
+        self.block_size = block_size
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free_queue = FreeBlockQueue()
+        for block in self.blocks:
+            self.free_queue.push_back(block)
+        self.cached_blocks: dict[int, Block] = {}
+        self.num_evictions = 0
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_queue)
+
+    @property
+    def num_blocks_in_use(self) -> int:
+        return self.num_blocks - self.num_free_blocks
+
+    def can_allocate(self, num_new_blocks: int, reused: list[Block] = ()) -> bool:
+        """True if ``num_new_blocks`` fresh blocks fit after taking ``reused`` cached blocks.
+
+        A cached block that sits in the free queue leaves it when reused, so it counts too.
+        """
+        taken_from_free = sum(1 for block in reused if block.ref_count == 0)
+        return num_new_blocks + taken_from_free <= self.num_free_blocks
+
+    def allocate(self) -> Block:
+        """Pop the least recently used free block; evict its cached identity if it had one."""
+        block = self.free_queue.pop_front()
+        if block.block_hash is not None:
+            if self.cached_blocks.get(block.block_hash) is block:
+                del self.cached_blocks[block.block_hash]
+            block.forget_identity()
+            self.num_evictions += 1
+        block.ref_count = 1
+        return block
+
+    def share(self, block: Block) -> None:
+        """Add a reference to a cached block (taking it out of the free queue if idle)."""
+        if block.in_free_queue:
+            self.free_queue.remove(block)
+        block.ref_count += 1
+
+    def free(self, block_table: list[int]) -> None:
+        """Drop one reference per block, tail first, so a shared head survives eviction longest."""
+        for block_id in reversed(block_table):
+            block = self.blocks[block_id]
+            if block.ref_count <= 0:
+                raise RuntimeError(f"double free of KV block {block_id}")
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                if block.block_hash is None:
+                    self.free_queue.push_front(block)
+                else:
+                    self.free_queue.push_back(block)
+
+    def cache_block(self, block: Block, block_hash: int, token_bytes: bytes,
+                    parent_id: int | None, salt: str | None) -> bool:
+        """Register a block whose K/V are written. False if the hash already names a block
+        (an identical block computed in the same step, or a collision): the first one stays."""
+        if block_hash in self.cached_blocks or block.block_hash is not None:
+            return False
+        block.block_hash = block_hash
+        block.token_bytes = token_bytes
+        block.parent_id = parent_id
+        block.salt = salt
+        self.cached_blocks[block_hash] = block
+        return True
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached-and-free block (in-use blocks keep serving their sequences)."""
+        for block in list(self.cached_blocks.values()):
+            if block.ref_count == 0:
+                del self.cached_blocks[block.block_hash]
+                block.forget_identity()
