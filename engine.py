@@ -358,7 +358,7 @@ class LLM:
         ends = np.cumsum([c.num_tokens for c in chunks]) - 1
         logits_index = [int(e) for c, e in zip(chunks, ends) if c.completes_sequence]
         return self.model(torch.from_numpy(input_ids).to(self.device), meta, self.kv_cache,
-                          torch.tensor(logits_index, device=self.device))
+                          torch.tensor(logits_index, dtype=torch.long, device=self.device))
 
     def _append_tokens(self, seqs: list[Sequence], tokens: list[int], logprobs) -> list[RequestOutput]:
         finished = []

@@ -355,6 +355,8 @@ def load_model(path: str | Path, dtype: str | torch.dtype | None, device: torch.
     with torch.device("meta"):
         model = CausalLM(cfg)
     model = model.to_empty(device=device).to(torch_dtype)
+    if cfg.tie_word_embeddings:  # to_empty() materialises shared parameters separately
+        model.lm_head.weight = model.embed_tokens.weight
     # Buffers (RoPE tables) were on meta: rebuild them for real, kept in float32.
     rope = RotaryEmbedding(cfg.head_dim, cfg.rope_parameters, cfg.max_position_embeddings).to(device)
     for layer in model.layers:
