@@ -12,7 +12,6 @@ runnable: the whole chain is rebuilt on every lookup and hashed again when savin
 """
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import time
@@ -135,7 +134,6 @@ class LLM:
         self._counters = dict(hash_computations=0, prompt_tokens_computed=0,
                               generation_tokens=0, steps=0)
         self._requests: dict[str, Sequence] = {}
-        self._request_ids = itertools.count()
 
     # ------------------------------------------------------------------ set-up
 
@@ -278,7 +276,7 @@ class LLM:
             raise TypeError(f"sampling_params must be SamplingParams, got {type(params).__name__}")
         token_ids = self._tokenize(prompt)
         self._validate_prompt(token_ids, params)
-        seq = Sequence(token_ids, params, request_id=str(next(self._request_ids)))
+        seq = Sequence(token_ids, params)
         seq.prompt_text = prompt if isinstance(prompt, str) else None
         return seq
 

@@ -71,6 +71,7 @@ class Sequence:
     def __init__(self, token_ids, sampling_params: SamplingParams | None = None,
                  request_id: str | None = None) -> None:
         self.sampling_params = sampling_params or SamplingParams()
+        self.prompt_text: str | None = None  # set when the request came as a string
         self.request_id = request_id if request_id is not None else str(next(Sequence._next_id))
         prompt = np.asarray(token_ids, dtype=np.int64).reshape(-1)
         if prompt.size == 0:

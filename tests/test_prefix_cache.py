@@ -1,0 +1,274 @@
+"""The chapter's table as assertions, and the prefix-cache reuse bugs public engines shipped.
+
+Table rows use the chapter's numbers: a 4096-token prompt, block_size 16, N = 256 blocks,
+a pool large enough that nothing is evicted.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import SamplingParams, Sequence
+from hf_reference import assert_no_leak, assert_same_tokens, hf_greedy, make_llm, random_prompt
+
+PROMPT_LEN, BLOCK = 4096, 16
+N = PROMPT_LEN // BLOCK
+GREEDY = dict(temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def long_ckpt(tmp_path_factory) -> str:
+    """A tiny random Qwen3 whose context fits the chapter's 4096-token prompt."""
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                      max_position_embeddings=PROMPT_LEN + 64, initializer_range=0.15)
+    path = tmp_path_factory.mktemp("long_qwen3")
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def long_prompt() -> list[int]:
+    return random_prompt(PROMPT_LEN, seed=7)
+
+
+def chapter_llm(path, strategy="incremental", **kw):
+    return make_llm(path, block_size=BLOCK, num_kv_blocks=2 * N + 8, hash_strategy=strategy, **kw)
+
+
+def hashes_during(llm, fn):
+    before = llm.stats()["hash_computations"]
+    result = fn()
+    return llm.stats()["hash_computations"] - before, result
+
+
+# ---------------------------------------------------------------- the chapter's table
+
+@pytest.mark.parametrize("strategy, expected", [("recompute", 2 * N), ("incremental", N)])
+def test_cold_request_hash_count(long_ckpt, long_prompt, strategy, expected):
+    llm = chapter_llm(long_ckpt, strategy)
+    calls, _ = hashes_during(llm, lambda: llm.generate([long_prompt], SamplingParams(max_tokens=1, **GREEDY), use_tqdm=False))
+    assert calls == expected
+    assert llm.stats()["blocks_cached"] == N
+    assert_no_leak(llm)
+
+
+@pytest.mark.parametrize("strategy, expected", [("recompute", N), ("incremental", 0)])
+def test_same_sequence_looked_up_again(long_ckpt, long_prompt, strategy, expected):
+    """As on re-admission after preemption, or a retry because blocks were short."""
+    llm = chapter_llm(long_ckpt, strategy)
+    seq = Sequence(long_prompt)
+    first, _ = hashes_during(llm, lambda: llm._lookup_prefix_cache(seq))
+    again, result = hashes_during(llm, lambda: llm._lookup_prefix_cache(seq))
+    assert first == N
+    assert again == expected
+    assert result == ([], 0, 0)  # nothing cached yet
+    if strategy == "incremental":
+        assert len(seq._block_hashes) == N and seq._prev_hash == seq._block_hashes[-1]
+
+
+@pytest.mark.parametrize("strategy, expected", [("recompute", 2 * N), ("incremental", 0)])
+def test_saving_during_prefill(long_ckpt, long_prompt, strategy, expected):
+    """After the sequence has its chain, admission + chunked prefill + saves hash nothing new."""
+    llm = chapter_llm(long_ckpt, strategy, max_num_batched_tokens=1024)
+    seq = Sequence(long_prompt, SamplingParams(max_tokens=1, **GREEDY))
+    llm._lookup_prefix_cache(seq)
+    llm._enqueue(seq)
+    calls, _ = hashes_during(llm, lambda: [llm.step() for _ in range(PROMPT_LEN // 1024)])
+    assert seq.is_finished and seq.num_output_tokens == 1
+    assert calls == expected
+    assert llm.stats()["blocks_cached"] == N
+
+
+def test_new_sequence_same_prompt_hashes_once_and_hits(long_ckpt, long_prompt):
+    """The chapter's "0" holds for the same Sequence object. A new Sequence with the same
+    prompt (a new request) must hash its N blocks once; then all but the last block is cached."""
+    llm = chapter_llm(long_ckpt)
+    params = SamplingParams(max_tokens=2, **GREEDY)
+    first = llm.generate([long_prompt], params, use_tqdm=False)[0]
+    before = llm.stats()
+    calls, second = hashes_during(llm, lambda: llm.generate([long_prompt], params, use_tqdm=False)[0])
+    after = llm.stats()
+    assert calls == N
+    assert after["prompt_tokens_cached"] - before["prompt_tokens_cached"] == PROMPT_LEN - BLOCK
+    assert after["prompt_tokens_computed"] - before["prompt_tokens_computed"] == BLOCK
+    assert after["prefix_cache_hits"] - before["prefix_cache_hits"] == PROMPT_LEN - BLOCK
+    assert second.token_ids == first.token_ids
+    assert_no_leak(llm)
+
+
+def test_tokens_identical_off_recompute_incremental(long_ckpt, long_prompt):
+    params = SamplingParams(max_tokens=4, **GREEDY)
+    runs = {}
+    for name, kw in {"off": dict(enable_prefix_caching=False), "recompute": dict(strategy="recompute"),
+                     "incremental": dict()}.items():
+        llm = chapter_llm(long_ckpt, **kw)
+        runs[name] = [o.token_ids for o in llm.generate([long_prompt, long_prompt[:1000]], params, use_tqdm=False)]
+        assert_no_leak(llm)
+    assert runs["off"] == runs["recompute"] == runs["incremental"]
+    assert llm.stats()["hash_computations"] > 0
+
+
+# ---------------------------------------------------------------- correct reuse
+
+def assert_matches_hf(ckpt, prompts, outs, max_tokens):
+    ref, ties = hf_greedy(ckpt, prompts, max_tokens)
+    assert_same_tokens([o.token_ids for o in outs], ref, ties)
+
+
+@pytest.mark.parametrize("length", [64, 70])
+def test_fully_cached_prompt_still_computes_last_token(llama_dir, length):
+    llm = make_llm(llama_dir, block_size=BLOCK)
+    prompt = random_prompt(length, seed=length)
+    params = SamplingParams(max_tokens=6, **GREEDY)
+    first = llm.generate([prompt], params, use_tqdm=False)
+    before = llm.stats()["prompt_tokens_computed"]
+    second = llm.generate([prompt], params, use_tqdm=False)
+    computed = llm.stats()["prompt_tokens_computed"] - before
+    assert computed == (BLOCK if length % BLOCK == 0 else length % BLOCK)
+    assert_matches_hf(llama_dir, [prompt, prompt], first + second, 6)
+    assert_no_leak(llm)
+
+
+def test_same_prompt_same_step_no_unwritten_read_no_leak(llama_dir):
+    llm = make_llm(llama_dir, block_size=8)
+    prompt = random_prompt(40, seed=3)
+    params = SamplingParams(max_tokens=5, **GREEDY)
+    a, b = llm.add_request(prompt, params), llm.add_request(prompt, params)
+    llm.step()  # both admitted and prefilled in one forward
+    first, second = llm.scheduler.running
+    assert llm.stats()["prefix_cache_hits"] == 0  # neither read the other's unwritten blocks
+    full = 40 // 8
+    # The duplicate copies were folded into one registered block each, never overwritten.
+    assert first.block_table[:full] == second.block_table[:full]
+    for i, block_id in enumerate(first.block_table[:full]):
+        block = llm.block_manager.blocks[block_id]
+        assert block.ref_count == 2
+        assert llm._prefix_cache[first._block_hashes[i]] is block
+    assert len(llm._prefix_cache) == full
+    outs = {}
+    while llm.has_unfinished_requests():
+        outs.update({o.request_id: o for o in llm.step()})
+    assert_matches_hf(llama_dir, [prompt, prompt], [outs[a], outs[b]], 5)
+    assert_no_leak(llm)
+
+
+def test_preempted_sequence_hits_its_own_cached_blocks(llama_dir):
+    prompts = [random_prompt(48 + 8 * i, seed=100 + i) for i in range(4)]  # distinct: hits are own blocks
+    llm = make_llm(llama_dir, block_size=8, num_kv_blocks=20, max_num_batched_tokens=64)
+    outs = llm.generate(prompts, SamplingParams(max_tokens=40, **GREEDY), use_tqdm=False)
+    stats = llm.stats()
+    assert stats["preemptions"] > 0
+    assert stats["prefix_cache_hits"] > 0
+    assert_matches_hf(llama_dir, prompts, outs, 40)
+    assert_no_leak(llm)
+
+
+def test_chunk_starting_at_cached_offset_sees_whole_context(llama_dir):
+    base = random_prompt(64, seed=5)
+    extended = base + random_prompt(45, seed=6)
+    llm = make_llm(llama_dir, block_size=16, max_num_batched_tokens=16)
+    params = SamplingParams(max_tokens=8, logprobs=3, **GREEDY)
+    llm.generate([base], params, use_tqdm=False)
+    out = llm.generate([extended], params, use_tqdm=False)
+    assert llm.stats()["prefix_cache_hits"] == 64  # the extension starts at a cached offset
+    assert_matches_hf(llama_dir, [extended], out, 8)
+    cold = make_llm(llama_dir, block_size=16, enable_prefix_caching=False).generate([extended], params, use_tqdm=False)
+    for ours, ref in zip(out[0].logprobs, cold[0].logprobs):
+        common = ours.keys() & ref.keys()
+        assert common and all(abs(ours[t] - ref[t]) < 1e-4 for t in common)
+
+
+def test_evicted_block_never_returned_for_old_hash(llama_dir):
+    llm = make_llm(llama_dir, block_size=8, num_kv_blocks=12)
+    params = SamplingParams(max_tokens=2, **GREEDY)
+    old = random_prompt(64, seed=11)
+    llm.generate([old], params, use_tqdm=False)
+    old_seq = Sequence(old)
+    llm._lookup_prefix_cache(old_seq)
+    old_hashes = list(old_seq._block_hashes)
+    others = [random_prompt(60, seed=20 + i) for i in range(3)]
+    llm.generate(others, params, use_tqdm=False)
+    assert llm.stats()["evictions"] > 0
+    for i, h in enumerate(old_hashes):
+        block = llm._prefix_cache.get(h)
+        assert block is None or block.token_bytes == old_seq.block_bytes(i, 8)
+    ids, cached_len, _ = llm._lookup_prefix_cache(Sequence(old))
+    for i, block_id in enumerate(ids):
+        assert llm.block_manager.blocks[block_id].token_bytes == old_seq.block_bytes(i, 8)
+    again = llm.generate([old], params, use_tqdm=False)
+    assert_matches_hf(llama_dir, [old], again, 2)
+    assert_no_leak(llm)
+
+
+def test_weak_hash_collisions_cost_a_miss_never_a_wrong_token(llama_dir):
+    llm = make_llm(llama_dir, block_size=8, num_kv_blocks=40, max_num_batched_tokens=32)
+    llm._hash_fn = lambda data, seed: (seed + data[0]) % 3  # three hash values for everything
+    prefix = random_prompt(24, seed=1)
+    prompts = [prefix + random_prompt(9 + 5 * i, seed=30 + i) for i in range(4)]
+    prompts += [random_prompt(33, seed=40 + i) for i in range(3)]
+    params = SamplingParams(max_tokens=8, **GREEDY)
+    outs = llm.generate(prompts, params, use_tqdm=False) + llm.generate(prompts, params, use_tqdm=False)
+    assert llm.stats()["prefix_cache_hits"] > 0  # verified hits still happen
+    assert_matches_hf(llama_dir, prompts + prompts, outs, 8)
+    assert_no_leak(llm)
+
+
+def test_cache_salt_separates_tenants(llama_dir):
+    llm = make_llm(llama_dir, block_size=8)
+    prompt = random_prompt(40, seed=9)
+    run = lambda salt: llm.generate([prompt], SamplingParams(max_tokens=3, cache_salt=salt, **GREEDY), use_tqdm=False)
+    hits = lambda: llm.stats()["prefix_cache_hits"]
+    first = run("alice")
+    run("bob")
+    assert hits() == 0
+    run(None)
+    assert hits() == 0
+    again = run("alice")
+    assert hits() == 32
+    assert again[0].token_ids == first[0].token_ids
+    assert_no_leak(llm)
+
+
+# ---------------------------------------------------------------- eviction
+
+def test_free_keeps_hash_and_evicts_tail_first(llama_dir):
+    llm = make_llm(llama_dir, block_size=8, num_kv_blocks=10)
+    params = SamplingParams(max_tokens=1, **GREEDY)
+    a = random_prompt(48, seed=50)  # 6 full blocks, all cached after it finishes
+    llm.generate([a], params, use_tqdm=False)
+    assert llm.stats()["blocks_in_use"] == 0 and llm.stats()["blocks_cached"] == 6
+    # 6 blocks needed, 4 never-cached blocks free: the 2 tail blocks of `a` are evicted.
+    llm.generate([random_prompt(47, seed=51)], params, use_tqdm=False)
+    assert llm.stats()["evictions"] == 2
+    ids, cached_len, _ = llm._lookup_prefix_cache(Sequence(a))
+    assert cached_len == 4 * 8  # the shared head survived
+
+
+def test_lru_order_across_requests(llama_dir):
+    llm = make_llm(llama_dir, block_size=8, num_kv_blocks=8)
+    params = SamplingParams(max_tokens=1, **GREEDY)
+    older, newer = random_prompt(24, seed=60), random_prompt(24, seed=61)
+    llm.generate([older], params, use_tqdm=False)
+    llm.generate([newer], params, use_tqdm=False)
+    llm.generate([random_prompt(40, seed=62)], params, use_tqdm=False)  # needs 5: 2 free + 3 evicted
+    assert llm._lookup_prefix_cache(Sequence(older))[1] == 0
+    assert llm._lookup_prefix_cache(Sequence(newer))[1] == 16
+
+
+def test_workload_larger_than_pool(llama_dir):
+    prefixes = [random_prompt(32, seed=70 + i) for i in range(3)]
+    prompts = [prefixes[i % 3] + random_prompt(5 + 3 * i, seed=80 + i) for i in range(12)]
+    params = SamplingParams(max_tokens=10, **GREEDY)
+    llm = make_llm(llama_dir, block_size=8, num_kv_blocks=14, max_num_seqs=4)
+    outs = llm.generate(prompts, params, use_tqdm=False) + llm.generate(prompts[::-1], params, use_tqdm=False)
+    stats = llm.stats()
+    assert stats["evictions"] > 0 and stats["prefix_cache_hits"] > 0
+    off = make_llm(llama_dir, block_size=8, num_kv_blocks=14, max_num_seqs=4, enable_prefix_caching=False)
+    ref = off.generate(prompts, params, use_tqdm=False)
+    assert_matches_hf(llama_dir, prompts + prompts[::-1], outs, 10)
+    assert_matches_hf(llama_dir, prompts, ref, 10)
+    assert_no_leak(llm)
