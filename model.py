@@ -139,12 +139,15 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", freqs.cos() * scale, persistent=False)
         self.register_buffer("sin", freqs.sin() * scale, persistent=False)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x: [tokens, heads, head_dim]; rotate-half convention of HF checkpoints."""
-        cos = self.cos[positions].to(x.dtype)[:, None, :]
-        sin = self.sin[positions].to(x.dtype)[:, None, :]
-        x1, x2 = x.chunk(2, dim=-1)
-        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin for each token, looked up once per forward and shared by all layers."""
+        return self.cos[positions].to(dtype)[:, None, :], self.sin[positions].to(dtype)[:, None, :]
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [tokens, heads, head_dim]; rotate-half convention of HF checkpoints."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
 # ----------------------------------------------------------------------------- attention metadata
@@ -162,9 +165,9 @@ class SeqChunk:
 class AttentionGroup:
     """Sequences attended together as one padded batch (decode tokens, or prefill chunks)."""
 
-    query_index: torch.Tensor   # [B, Lq] packed-token index per padded query slot
-    kv_slots: torch.Tensor      # [B, Lk] pool slot per context position
-    masks: dict                 # window (None = full) -> bool [B, 1, Lq, Lk]
+    query_index: torch.Tensor   # [B * Lq] packed-token index per padded query slot
+    block_tables: torch.Tensor  # [B * nb] the blocks holding each sequence's context
+    masks: dict                 # window (None = full) -> bool [B, 1, Lq, nb * block_size]
     out_src: torch.Tensor       # flat index into B*Lq of real queries
     out_dst: torch.Tensor       # their packed-token index
 
@@ -206,15 +209,15 @@ def _pad_block_tables(tables: list[list[int]]) -> np.ndarray:
 def _build_group(rows, lengths, starts, first_token, tables, block_size, windows, device):
     lengths, starts, first_token = lengths[rows], starts[rows], first_token[rows]
     q_len = int(lengths.max())
-    kv_len = int((starts + lengths).max())
+    num_ctx_blocks = -(-int((starts + lengths).max()) // block_size)
     j = np.arange(q_len)
     # Padded query slots repeat the sequence's last token: finite output, then discarded.
     offset = np.minimum(j[None, :], lengths[:, None] - 1)
     query_index = first_token[:, None] + offset
     q_pos = torch.from_numpy(starts[:, None] + offset).to(device)
-    k_pos = torch.arange(kv_len, device=device)
-    kv_slots = tables[rows][:, k_pos.cpu().numpy() // block_size] * block_size \
-        + (np.arange(kv_len) % block_size)[None, :]
+    # Whole blocks are gathered; positions past a sequence's context are masked as future.
+    k_pos = torch.arange(num_ctx_blocks * block_size, device=device)
+    block_tables = np.ascontiguousarray(tables[rows][:, :num_ctx_blocks])
     causal = k_pos[None, None, :] <= q_pos[:, :, None]
     masks = {}
     for window in windows:
@@ -222,19 +225,23 @@ def _build_group(rows, lengths, starts, first_token, tables, block_size, windows
         masks[window] = mask[:, None]
     valid = j[None, :] < lengths[:, None]
     return AttentionGroup(
-        query_index=torch.from_numpy(query_index).to(device),
-        kv_slots=torch.from_numpy(kv_slots).to(device), masks=masks,
+        query_index=torch.from_numpy(query_index.ravel()).to(device),
+        block_tables=torch.from_numpy(block_tables.ravel()).to(device), masks=masks,
         out_src=torch.from_numpy(np.flatnonzero(valid.ravel())).to(device),
         out_dst=torch.from_numpy(query_index[valid]).to(device))
 
 
-def paged_attention(q, k_pool, v_pool, meta: AttentionMetadata, window) -> torch.Tensor:
+def paged_attention(q, k_pool, v_pool, meta: AttentionMetadata, window, block_size: int):
     """q: [T, H, D]; pools: [slots, KVH, D] with this step's K/V already written."""
     out = torch.empty_like(q)
+    k_blocks = k_pool.view(-1, block_size, *k_pool.shape[1:])
+    v_blocks = v_pool.view(-1, block_size, *v_pool.shape[1:])
     for group in meta.groups:
-        qg = q[group.query_index].transpose(1, 2)          # [B, H, Lq, D]
-        kg = k_pool[group.kv_slots].transpose(1, 2)        # [B, KVH, Lk, D]
-        vg = v_pool[group.kv_slots].transpose(1, 2)
+        batch, q_len, kv_len = group.masks[window].shape[0], group.masks[window].shape[2], group.masks[window].shape[3]
+        qg = q.index_select(0, group.query_index).view(batch, q_len, *q.shape[1:]).transpose(1, 2)
+        # Gathering whole blocks copies contiguous chunks: far cheaper than per-slot indexing.
+        kg = k_blocks.index_select(0, group.block_tables).view(batch, kv_len, *k_pool.shape[1:]).transpose(1, 2)
+        vg = v_blocks.index_select(0, group.block_tables).view(batch, kv_len, *v_pool.shape[1:]).transpose(1, 2)
         res = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=group.masks[window],
                                              enable_gqa=kg.shape[1] != qg.shape[1])
         res = res.transpose(1, 2).reshape(-1, q.shape[1], q.shape[2])
@@ -262,9 +269,9 @@ ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu,
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int, rope: RotaryEmbedding) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
-        self.layer, self.rope, self.window = layer, rope, cfg.layer_windows[layer]
+        self.layer, self.window = layer, cfg.layer_windows[layer]
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.split = (q_size, kv_size, kv_size)
@@ -273,18 +280,18 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
 
-    def forward(self, x, meta: AttentionMetadata, kv: "KVCachePool"):
+    def forward(self, x, meta: AttentionMetadata, kv: "KVCachePool", rope):
         q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rope(q, meta.positions), self.rope(k, meta.positions)
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         k_pool, v_pool = kv.k[self.layer], kv.v[self.layer]
         k_pool.index_copy_(0, meta.slot_mapping, k)
         v_pool.index_copy_(0, meta.slot_mapping, v)
-        out = paged_attention(q, k_pool, v_pool, meta, self.window)
+        out = paged_attention(q, k_pool, v_pool, meta, self.window, kv.block_size)
         return self.o_proj(out.flatten(1))
 
 
@@ -303,15 +310,15 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int, rope: RotaryEmbedding) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, layer, rope)
+        self.self_attn = Attention(cfg, layer)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, meta, kv):
-        x = x + self.self_attn(self.input_layernorm(x), meta, kv)
+    def forward(self, x, meta, kv, rope):
+        x = x + self.self_attn(self.input_layernorm(x), meta, kv, rope)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -321,9 +328,9 @@ class CausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.config = cfg
-        rope = RotaryEmbedding(cfg.head_dim, cfg.rope_parameters, cfg.max_position_embeddings)
+        self.rope = RotaryEmbedding(cfg.head_dim, cfg.rope_parameters, cfg.max_position_embeddings)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, rope) for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
@@ -337,8 +344,9 @@ class CausalLM(nn.Module):
     def forward(self, input_ids, meta: AttentionMetadata, kv, logits_index) -> torch.Tensor:
         """Returns float32 logits for the packed tokens at ``logits_index``."""
         x = self.embed_tokens(input_ids)
+        rope = self.rope.lookup(meta.positions, x.dtype)
         for layer in self.layers:
-            x = layer(x, meta, kv)
+            x = layer(x, meta, kv, rope)
         return self.lm_head(self.norm(x[logits_index])).float()
 
 
@@ -358,9 +366,7 @@ def load_model(path: str | Path, dtype: str | torch.dtype | None, device: torch.
     if cfg.tie_word_embeddings:  # to_empty() materialises shared parameters separately
         model.lm_head.weight = model.embed_tokens.weight
     # Buffers (RoPE tables) were on meta: rebuild them for real, kept in float32.
-    rope = RotaryEmbedding(cfg.head_dim, cfg.rope_parameters, cfg.max_position_embeddings).to(device)
-    for layer in model.layers:
-        layer.self_attn.rope = rope
+    model.rope = RotaryEmbedding(cfg.head_dim, cfg.rope_parameters, cfg.max_position_embeddings).to(device)
     _load_weights(model, path, torch_dtype)
     return model.eval(), hf_config
 
