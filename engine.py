@@ -23,7 +23,7 @@ import torch
 import xxhash
 
 from block_manager import Block, BlockManager, KVCachePool
-from model import AttentionMetadata, SeqChunk, load_model
+from model import SeqChunk, load_model
 from sampler import Sampler
 from scheduler import (SamplingParams, ScheduledChunk, Scheduler, SchedulerConfig, Sequence,
                        SequenceStatus)
@@ -352,7 +352,7 @@ class LLM:
                       for c in chunks]
         input_ids = np.concatenate([c.seq.tokens[s.start:s.start + s.length]
                                     for c, s in zip(chunks, seq_chunks)])
-        meta = AttentionMetadata.build(seq_chunks, self.block_size, self.model.windows, self.device)
+        meta = self.model.prepare(seq_chunks, self.block_size)
         ends = np.cumsum([c.num_tokens for c in chunks]) - 1
         logits_index = [int(e) for c, e in zip(chunks, ends) if c.completes_sequence]
         return self.model(torch.from_numpy(input_ids).to(self.device), meta, self.kv_cache,

@@ -163,13 +163,19 @@ class SeqChunk:
 
 @dataclass
 class AttentionGroup:
-    """Sequences attended together as one padded batch (decode tokens, or prefill chunks)."""
+    """Sequences attended together as one padded batch (decode tokens, or prefill chunks).
 
-    query_index: torch.Tensor   # [B * Lq] packed-token index per padded query slot
+    Grouped-query attention is folded into the query axis: each KV head's ``g`` query heads
+    become ``g`` rows per query position, so K/V are never repeated per query head.
+    """
+
+    query_index: torch.Tensor | slice  # packed tokens of the [B, Lq] padded queries
     block_tables: torch.Tensor  # [B * nb] the blocks holding each sequence's context
-    masks: dict                 # window (None = full) -> bool [B, 1, Lq, nb * block_size]
-    out_src: torch.Tensor       # flat index into B*Lq of real queries
-    out_dst: torch.Tensor       # their packed-token index
+    masks: dict                 # window (None = full) -> additive float [B, 1, Lq * g, nb * block_size]
+    out_src: torch.Tensor | None  # flat index into B*Lq of real queries (None: no padding)
+    out_dst: torch.Tensor | slice  # their packed-token index
+    batch: int
+    q_len: int
 
 
 @dataclass
@@ -181,8 +187,8 @@ class AttentionMetadata:
     groups: list[AttentionGroup]
 
     @classmethod
-    def build(cls, chunks: list[SeqChunk], block_size: int, windows: set,
-              device: torch.device) -> "AttentionMetadata":
+    def build(cls, chunks: list[SeqChunk], block_size: int, windows: set, queries_per_kv: int,
+              dtype: torch.dtype, device: torch.device) -> "AttentionMetadata":
         lengths = np.fromiter((c.length for c in chunks), dtype=np.int64, count=len(chunks))
         starts = np.fromiter((c.start for c in chunks), dtype=np.int64, count=len(chunks))
         tables = _pad_block_tables([c.block_table for c in chunks])
@@ -191,11 +197,20 @@ class AttentionMetadata:
         positions = np.arange(lengths.sum()) - first_token[seq_of_token] + starts[seq_of_token]
         slots = tables[seq_of_token, positions // block_size] * block_size + positions % block_size
         is_decode = lengths == 1
-        groups = [_build_group(np.flatnonzero(sel), lengths, starts, first_token, tables,
-                               block_size, windows, device)
+        spec = _GroupSpec(block_size, windows, queries_per_kv, dtype, device)
+        groups = [_build_group(np.flatnonzero(sel), lengths, starts, first_token, tables, spec)
                   for sel in (is_decode, ~is_decode) if sel.any()]
         return cls(torch.from_numpy(positions).to(device), torch.from_numpy(slots).to(device),
                    groups)
+
+
+@dataclass
+class _GroupSpec:
+    block_size: int
+    windows: set
+    queries_per_kv: int
+    dtype: torch.dtype
+    device: torch.device
 
 
 def _pad_block_tables(tables: list[list[int]]) -> np.ndarray:
@@ -206,46 +221,63 @@ def _pad_block_tables(tables: list[list[int]]) -> np.ndarray:
     return padded
 
 
-def _build_group(rows, lengths, starts, first_token, tables, block_size, windows, device):
+def _build_group(rows, lengths, starts, first_token, tables, spec: _GroupSpec) -> AttentionGroup:
     lengths, starts, first_token = lengths[rows], starts[rows], first_token[rows]
-    q_len = int(lengths.max())
-    num_ctx_blocks = -(-int((starts + lengths).max()) // block_size)
+    device, q_len = spec.device, int(lengths.max())
+    num_ctx_blocks = -(-int((starts + lengths).max()) // spec.block_size)
     j = np.arange(q_len)
     # Padded query slots repeat the sequence's last token: finite output, then discarded.
     offset = np.minimum(j[None, :], lengths[:, None] - 1)
     query_index = first_token[:, None] + offset
-    q_pos = torch.from_numpy(starts[:, None] + offset).to(device)
-    # Whole blocks are gathered; positions past a sequence's context are masked as future.
-    k_pos = torch.arange(num_ctx_blocks * block_size, device=device)
     block_tables = np.ascontiguousarray(tables[rows][:, :num_ctx_blocks])
+    masks = _masks(starts[:, None] + offset, num_ctx_blocks * spec.block_size, spec)
+    valid = j[None, :] < lengths[:, None]
+    num_tokens = int(lengths.sum())
+    if valid.all() and np.array_equal(query_index.ravel(), np.arange(num_tokens) + first_token[0]):
+        # Unpadded and contiguous in the packed batch (always so for decode): plain slices.
+        tokens = slice(int(first_token[0]), int(first_token[0]) + num_tokens)
+        index, out_src, out_dst = tokens, None, tokens
+    else:
+        index = torch.from_numpy(query_index.ravel()).to(device)
+        out_src = torch.from_numpy(np.flatnonzero(valid.ravel())).to(device)
+        out_dst = torch.from_numpy(query_index[valid]).to(device)
+    return AttentionGroup(index, torch.from_numpy(block_tables.ravel()).to(device), masks,
+                          out_src, out_dst, len(rows), q_len)
+
+
+def _masks(q_pos: np.ndarray, kv_len: int, spec: _GroupSpec) -> dict:
+    """Additive masks per window, built once per step: whole blocks are gathered, so any
+    position past a sequence's context is simply in its future."""
+    q_pos = torch.from_numpy(q_pos).to(spec.device)
+    k_pos = torch.arange(kv_len, device=spec.device)
     causal = k_pos[None, None, :] <= q_pos[:, :, None]
     masks = {}
-    for window in windows:
-        mask = causal if window is None else causal & (k_pos[None, None, :] > q_pos[:, :, None] - window)
-        masks[window] = mask[:, None]
-    valid = j[None, :] < lengths[:, None]
-    return AttentionGroup(
-        query_index=torch.from_numpy(query_index.ravel()).to(device),
-        block_tables=torch.from_numpy(block_tables.ravel()).to(device), masks=masks,
-        out_src=torch.from_numpy(np.flatnonzero(valid.ravel())).to(device),
-        out_dst=torch.from_numpy(query_index[valid]).to(device))
+    for window in spec.windows:
+        allowed = causal if window is None else causal & (k_pos[None, None, :] > q_pos[:, :, None] - window)
+        allowed = allowed.repeat_interleave(spec.queries_per_kv, dim=1)  # GQA rows
+        mask = torch.zeros(allowed.shape, dtype=spec.dtype, device=spec.device)
+        masks[window] = mask.masked_fill_(~allowed, float("-inf"))[:, None]
+    return masks
 
 
 def paged_attention(q, k_pool, v_pool, meta: AttentionMetadata, window, block_size: int):
     """q: [T, H, D]; pools: [slots, KVH, D] with this step's K/V already written."""
     out = torch.empty_like(q)
-    k_blocks = k_pool.view(-1, block_size, *k_pool.shape[1:])
-    v_blocks = v_pool.view(-1, block_size, *v_pool.shape[1:])
-    for group in meta.groups:
-        batch, q_len, kv_len = group.masks[window].shape[0], group.masks[window].shape[2], group.masks[window].shape[3]
-        qg = q.index_select(0, group.query_index).view(batch, q_len, *q.shape[1:]).transpose(1, 2)
+    num_kv_heads, head_dim = k_pool.shape[1:]
+    group_size = q.shape[1] // num_kv_heads
+    k_blocks = k_pool.view(-1, block_size * num_kv_heads * head_dim)
+    v_blocks = v_pool.view(-1, block_size * num_kv_heads * head_dim)
+    for g in meta.groups:
+        q_sel = q[g.query_index] if isinstance(g.query_index, slice) else q.index_select(0, g.query_index)
+        qg = (q_sel.view(g.batch, g.q_len, num_kv_heads, group_size, head_dim)
+              .transpose(1, 2).reshape(g.batch, num_kv_heads, g.q_len * group_size, head_dim))
         # Gathering whole blocks copies contiguous chunks: far cheaper than per-slot indexing.
-        kg = k_blocks.index_select(0, group.block_tables).view(batch, kv_len, *k_pool.shape[1:]).transpose(1, 2)
-        vg = v_blocks.index_select(0, group.block_tables).view(batch, kv_len, *v_pool.shape[1:]).transpose(1, 2)
-        res = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=group.masks[window],
-                                             enable_gqa=kg.shape[1] != qg.shape[1])
-        res = res.transpose(1, 2).reshape(-1, q.shape[1], q.shape[2])
-        out[group.out_dst] = res[group.out_src]
+        kg = k_blocks.index_select(0, g.block_tables).view(g.batch, -1, num_kv_heads, head_dim).transpose(1, 2)
+        vg = v_blocks.index_select(0, g.block_tables).view(g.batch, -1, num_kv_heads, head_dim).transpose(1, 2)
+        res = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.masks[window])
+        res = (res.view(g.batch, num_kv_heads, g.q_len, group_size, head_dim).transpose(1, 2)
+               .reshape(g.batch * g.q_len, q.shape[1], head_dim))
+        out[g.out_dst] = res if g.out_src is None else res[g.out_src]
     return out
 
 
@@ -336,9 +368,12 @@ class CausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
-    @property
-    def windows(self) -> set:
-        return set(self.config.layer_windows)
+    def prepare(self, chunks: list[SeqChunk], block_size: int) -> AttentionMetadata:
+        """Attention metadata for one packed batch, in this model's dtype and head layout."""
+        cfg = self.config
+        return AttentionMetadata.build(chunks, block_size, set(cfg.layer_windows),
+                                       cfg.num_heads // cfg.num_kv_heads, self.embed_tokens.weight.dtype,
+                                       self.embed_tokens.weight.device)
 
     @torch.inference_mode()
     def forward(self, input_ids, meta: AttentionMetadata, kv, logits_index) -> torch.Tensor:
