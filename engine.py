@@ -240,7 +240,9 @@ class LLM:
     def _hash_for_save(self, seq: Sequence, end: int) -> int:
         """The hash of the block ending at ``end``: reused from the seq, or (recompute) hashed again."""
         index = end // self.block_size - 1
-        if self.hash_strategy == "incremental" and index < len(seq._block_hashes):
+        if self.hash_strategy == "incremental":
+            if index >= len(seq._block_hashes):  # a block completed during decode: hashed once
+                self._precompute_block_hashes(seq)
             return seq._block_hashes[index]
         del seq._block_hashes[index:]
         h = self._chain_hash(seq.tokens, seq._prev_hash, end - self.block_size, end)
