@@ -1,0 +1,187 @@
+"""Bad input is rejected with a clear exception, and never corrupts the engine."""
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import signal
+
+import pytest
+import torch
+
+from engine import SamplingParams
+from hf_reference import (VOCAB_SIZE, assert_no_leak, assert_same_tokens, hf_greedy, make_llm,
+                          random_prompt)
+
+
+def greedy(max_tokens=4, **kw):
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, **kw)
+
+
+@pytest.fixture(scope="module")
+def llm(llama_dir):
+    """One shared engine: every bad request below must leave it usable."""
+    return make_llm(llama_dir, block_size=16, max_model_len=128)
+
+
+@contextlib.contextmanager
+def hang_guard(seconds=120):
+    """Turn an infinite loop into a test failure instead of a hung suite."""
+    def on_alarm(signum, frame):
+        raise AssertionError(f"engine did not return within {seconds}s (infinite loop?)")
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _still_works(llm, model_dir):
+    prompt = random_prompt(11, 7)
+    outs = llm.generate([prompt], greedy(6), use_tqdm=False)
+    assert len(outs) == 1 and outs[0].finish_reason == "length"
+    ref, ties = hf_greedy(model_dir, [prompt], 6)
+    assert_same_tokens([outs[0].token_ids], ref, ties)
+    assert_no_leak(llm)
+
+
+# ------------------------------------------------------------------- prompts
+
+def test_empty_prompt(llm):
+    with pytest.raises(ValueError, match="(?i)empty"):
+        llm.generate([[]], greedy(), use_tqdm=False)
+    with pytest.raises(ValueError, match="(?i)empty"):
+        llm.add_request([], greedy())
+    assert_no_leak(llm)
+
+
+@pytest.mark.parametrize("bad_id", [-1, VOCAB_SIZE, VOCAB_SIZE + 100])
+def test_token_id_out_of_vocab(llm, bad_id):
+    with pytest.raises(ValueError, match="(?i)vocab"):
+        llm.generate([[5, 6, bad_id, 7]], greedy(), use_tqdm=False)
+    assert_no_leak(llm)
+
+
+def test_text_prompt_without_tokenizer(llm):
+    with pytest.raises(ValueError, match="(?i)tokenizer"):
+        llm.generate(["hello world"], greedy(), use_tqdm=False)
+
+
+def test_prompt_plus_max_tokens_exceeds_max_model_len(llm):
+    # max_model_len=128: 120 + 9 > 128 must fail, 120 + 8 fits
+    with pytest.raises(ValueError, match="max_model_len"):
+        llm.generate([random_prompt(120, 1)], greedy(9), use_tqdm=False)
+    with pytest.raises(ValueError, match="max_model_len"):
+        llm.generate([random_prompt(200, 1)], greedy(1), use_tqdm=False)
+    (out,) = llm.generate([random_prompt(120, 1)], greedy(8), use_tqdm=False)
+    assert len(out.token_ids) == 8
+    assert_no_leak(llm)
+
+
+def test_sampling_params_list_length_mismatch(llm):
+    with pytest.raises(ValueError, match="(?i)sampling_params|prompts"):
+        llm.generate([[1, 2, 3], [4, 5]], [greedy()], use_tqdm=False)
+
+
+# ------------------------------------------------------------ sampling params
+
+@pytest.mark.parametrize("kw,pattern", [
+    (dict(max_tokens=0), "max_tokens"),
+    (dict(max_tokens=-3), "max_tokens"),
+    (dict(temperature=-0.1), "temperature"),
+    (dict(top_p=0.0), "top_p"),
+    (dict(top_p=1.5), "top_p"),
+    (dict(top_p=-0.2), "top_p"),
+    (dict(top_k=0), "top_k"),
+    (dict(top_k=-2), "top_k"),
+])
+def test_bad_sampling_params(llm, kw, pattern):
+    # may be raised when SamplingParams is built or when generate() sees it
+    with pytest.raises(ValueError, match=pattern):
+        llm.generate([[1, 2, 3]], SamplingParams(**kw), use_tqdm=False)
+    assert_no_leak(llm)
+
+
+def test_valid_edge_sampling_params_are_accepted():
+    SamplingParams(top_p=1.0, top_k=-1, temperature=0.0, max_tokens=1)
+    SamplingParams(top_p=1e-9, top_k=1)
+
+
+# -------------------------------------------------------------- engine args
+
+def test_block_size_below_one(llama_dir):
+    for bs in (0, -4):
+        with pytest.raises(ValueError, match="block_size"):
+            make_llm(llama_dir, block_size=bs)
+
+
+def test_kv_budget_too_small_for_one_block(llama_dir):
+    with pytest.raises(ValueError, match="(?i)kv|block|small"):
+        make_llm(llama_dir, kv_cache_memory=10)
+
+
+def test_checkpoint_dir_does_not_exist(tmp_path):
+    with pytest.raises(FileNotFoundError, match="(?i)not exist|no such|not found"):
+        make_llm(tmp_path / "no_such_model")
+
+
+def test_checkpoint_without_weights(llama_dir, tmp_path):
+    d = tmp_path / "config_only"
+    d.mkdir()
+    shutil.copy(f"{llama_dir}/config.json", d / "config.json")
+    with pytest.raises(FileNotFoundError, match="(?i)safetensors|weights"):
+        make_llm(d)
+
+
+def test_unsupported_architecture(tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=128, n_positions=64, n_embd=32, n_layer=1, n_head=2)
+    d = tmp_path / "gpt2"
+    GPT2LMHeadModel(cfg).save_pretrained(d)
+    assert json.loads((d / "config.json").read_text())["architectures"] == ["GPT2LMHeadModel"]
+    with pytest.raises(ValueError, match="(?i)GPT2|architecture|support"):
+        make_llm(d)
+
+
+# -------------------------------------------------------------- robustness
+
+def test_bad_request_among_good_ones_leaves_engine_clean(llm, llama_dir):
+    good = [random_prompt(20, 2), random_prompt(37, 3)]
+    with pytest.raises(ValueError, match="(?i)empty"):
+        llm.generate([good[0], [], good[1]], greedy(5), use_tqdm=False)
+    assert_no_leak(llm)
+    with pytest.raises(ValueError, match="(?i)vocab"):
+        llm.generate([good[0], good[1], [1, VOCAB_SIZE]], greedy(5), use_tqdm=False)
+    assert_no_leak(llm)
+    with pytest.raises(ValueError, match="top_p"):
+        llm.generate(good, [greedy(5), SamplingParams(top_p=0.0)], use_tqdm=False)
+    assert_no_leak(llm)
+    # nothing of the failed calls is still queued: exactly the new requests come back
+    outs = llm.generate(good, greedy(5), use_tqdm=False)
+    assert len(outs) == 2
+    ref, ties = hf_greedy(llama_dir, good, 5)
+    assert_same_tokens([o.token_ids for o in outs], ref, ties)
+    assert_no_leak(llm)
+    assert not llm.step()
+    _still_works(llm, llama_dir)
+
+
+def test_request_that_can_never_fit_the_pool_raises(llama_dir):
+    # 3 blocks of 8 tokens = 24 slots; a 40-token prompt can never be scheduled
+    small = make_llm(llama_dir, block_size=8, num_kv_blocks=3)
+    with hang_guard():
+        with pytest.raises(ValueError, match="(?i)block|pool|fit|capacity"):
+            small.generate([random_prompt(40, 4)], greedy(4), use_tqdm=False)
+        with pytest.raises(ValueError, match="(?i)block|pool|fit|capacity"):
+            small.add_request(random_prompt(20, 5), greedy(10))  # 29 slots needed > 24
+        assert_no_leak(small)
+        # a request that fits alone still runs (one after another if needed)
+        prompts = [random_prompt(12, 6), random_prompt(15, 7)]
+        outs = small.generate(prompts, greedy(6), use_tqdm=False)
+    ref, ties = hf_greedy(llama_dir, prompts, 6)
+    assert_same_tokens([o.token_ids for o in outs], ref, ties)
+    assert_no_leak(small)
