@@ -25,8 +25,8 @@ import xxhash
 from block_manager import Block, BlockManager, KVCachePool
 from model import SeqChunk, load_model
 from sampler import Sampler
-from scheduler import (SamplingParams, ScheduledChunk, Scheduler, SchedulerConfig, Sequence,
-                       SequenceStatus)
+from scheduler import (TOKEN_BYTES, TOKEN_DTYPE, SamplingParams, ScheduledChunk, Scheduler,
+                       SchedulerConfig, Sequence)
 
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Sequence"]
 
@@ -127,10 +127,10 @@ class LLM:
         self.scheduler = Scheduler(
             SchedulerConfig(self.config.max_num_seqs, self.config.max_num_batched_tokens,
                             self.block_size, self.config.enable_prefix_caching),
-            self.block_manager, self._lookup_prefix_cache)
+            self.block_manager, self._lookup_prefix_cache, self._prefix_in_flight)
         self.sampler = Sampler(self.device, self.config.seed)
         self.hash_strategy = self.config.hash_strategy
-        self._hash_fn = lambda data, seed: xxhash.xxh3_64_intdigest(data, seed=seed)
+        self._hash_fn = xxhash.xxh3_64_intdigest  # (data, seed); tests swap in a weak one
         self._counters = dict(hash_computations=0, prompt_tokens_computed=0,
                               generation_tokens=0, steps=0)
         self._requests: dict[str, Sequence] = {}
@@ -169,23 +169,34 @@ class LLM:
         """hash -> cached block (owned by the block manager, which evicts entries on reuse)."""
         return self.block_manager.cached_blocks
 
-    def _chain_hash(self, tokens: np.ndarray, prev_hash: int, start: int, end: int) -> int:
-        """xxhash of tokens[start:end] as int64 bytes, seeded with the previous block's hash."""
+    def _chain_hash(self, tokens, prev_hash: int, start: int, end: int) -> int:
+        """xxhash of token ids [start, end) as little-endian int64 bytes, seeded with the
+        previous block's hash. ``tokens``: the sequence's ``token_bytes()`` (the hot path,
+        sliced without copying ids), or any list / array of ids."""
         self._counters["hash_computations"] += 1
-        return self._hash_fn(tokens[start:end].tobytes(), prev_hash)
+        if isinstance(tokens, bytes):
+            block = tokens[start * TOKEN_BYTES:end * TOKEN_BYTES]
+        else:
+            block = np.asarray(tokens[start:end], dtype=TOKEN_DTYPE).tobytes()
+        return self._hash_fn(block, prev_hash)
 
     def _precompute_block_hashes(self, seq: Sequence) -> None:
         """Extend ``seq``'s chain to all its full blocks; a no-op when it is up to date."""
-        bs = self.block_size
-        for start in range(len(seq._block_hashes) * bs, seq.num_tokens - bs + 1, bs):
-            seq._block_hashes.append(self._chain_hash(seq.tokens, seq._prev_hash, start, start + bs))
+        bs, hashes = self.block_size, seq._block_hashes
+        first = len(hashes) * bs
+        if first + bs > seq.num_tokens:
+            return
+        tokens, prev = seq.token_bytes(), seq._prev_hash
+        for start in range(first, seq.num_tokens - bs + 1, bs):
+            prev = self._chain_hash(tokens, prev, start, start + bs)
+            hashes.append(prev)
 
     def _rebuild_chain(self, seq: Sequence) -> list[int]:
         """The "before" column: hash every full block from scratch (N calls per lookup)."""
+        bs, tokens = self.block_size, seq.token_bytes()
         hashes, prev = [], seq.root_hash
-        bs = self.block_size
         for start in range(0, seq.num_tokens - bs + 1, bs):
-            prev = self._chain_hash(seq.tokens, prev, start, start + bs)
+            prev = self._chain_hash(tokens, prev, start, start + bs)
             hashes.append(prev)
         return hashes
 
@@ -201,23 +212,35 @@ class LLM:
         else:
             self._precompute_block_hashes(seq)
             hashes = seq._block_hashes
-        max_blocks = (seq.num_tokens - 1) // self.block_size
+        max_blocks = min((seq.num_tokens - 1) // self.block_size, len(hashes))
+        tokens, width = seq.token_bytes(), self.block_size * TOKEN_BYTES
+        cached = self._prefix_cache
         block_ids: list[int] = []
-        for i in range(min(max_blocks, len(hashes))):
-            block = self._prefix_cache.get(hashes[i])
-            parent = block_ids[-1] if block_ids else None
-            if block is None or not self._block_matches(block, seq, i, parent):
+        parent = None
+        for i in range(max_blocks):
+            block = cached.get(hashes[i])
+            if (block is None or block.parent_id != parent
+                    or block.token_bytes != tokens[i * width:(i + 1) * width]
+                    or (i == 0 and block.salt != seq.cache_salt)):
                 break
             block_ids.append(block.block_id)
+            parent = block.block_id
         if self.hash_strategy == "recompute":
             seq._block_hashes = hashes[:len(block_ids)]  # saving hashes the rest again
         last_hash = hashes[len(block_ids) - 1] if block_ids else 0
         return block_ids, len(block_ids) * self.block_size, last_hash
 
-    def _block_matches(self, block: Block, seq: Sequence, index: int, parent: int | None) -> bool:
-        return (block.parent_id == parent
-                and (index > 0 or block.salt == seq.cache_salt)
-                and block.token_bytes == seq.block_bytes(index, self.block_size))
+    def _prefix_in_flight(self, seq: Sequence, num_cached_blocks: int) -> bool:
+        """True if a running sequence is still computing the block ``seq`` would compute next.
+
+        Admitting ``seq`` now would compute that block twice; one step later it is a hit.
+        """
+        hashes = seq._block_hashes
+        if num_cached_blocks >= len(hashes) or num_cached_blocks >= (seq.num_tokens - 1) // self.block_size:
+            return False
+        h, end = hashes[num_cached_blocks], (num_cached_blocks + 1) * self.block_size
+        return any(other.num_computed_tokens < end and len(other._block_hashes) > num_cached_blocks
+                   and other._block_hashes[num_cached_blocks] == h for other in self.scheduler.running)
 
     def _save_prefix_cache(self, seq: Sequence, h: int, end: int) -> None:
         """Register the block ending at token ``end`` (its K/V are written) under hash ``h``.
@@ -232,7 +255,8 @@ class LLM:
         if self.block_manager.cache_block(block, h, token_bytes, parent, seq.cache_salt):
             return
         existing = self._prefix_cache.get(h)
-        if existing is not None and existing is not block and self._block_matches(existing, seq, index, parent):
+        if (existing is not None and existing is not block and existing.parent_id == parent
+                and existing.token_bytes == token_bytes and existing.salt == seq.cache_salt):
             self.block_manager.share(existing)
             self.block_manager.free([block.block_id])
             seq.block_table[index] = existing.block_id
@@ -245,7 +269,7 @@ class LLM:
                 self._precompute_block_hashes(seq)
             return seq._block_hashes[index]
         del seq._block_hashes[index:]
-        h = self._chain_hash(seq.tokens, seq._prev_hash, end - self.block_size, end)
+        h = self._chain_hash(seq.token_bytes(), seq._prev_hash, end - self.block_size, end)
         seq._block_hashes.append(h)
         return h
 

@@ -22,6 +22,10 @@ import xxhash
 
 from block_manager import BlockManager
 
+# Token ids as fixed-width little-endian bytes: what is hashed, stable across processes.
+TOKEN_DTYPE = np.dtype("<i8")
+TOKEN_BYTES = TOKEN_DTYPE.itemsize
+
 
 @dataclass
 class SamplingParams:
@@ -73,11 +77,11 @@ class Sequence:
         self.sampling_params = sampling_params or SamplingParams()
         self.prompt_text: str | None = None  # set when the request came as a string
         self.request_id = request_id if request_id is not None else str(next(Sequence._next_id))
-        prompt = np.asarray(token_ids, dtype=np.int64).reshape(-1)
+        prompt = np.asarray(token_ids, dtype=TOKEN_DTYPE).reshape(-1)
         if prompt.size == 0:
             raise ValueError("empty prompt: a request needs at least one token")
         # One preallocated buffer: appending a token never copies, hashing slices it as bytes.
-        self.tokens = np.empty(prompt.size + self.sampling_params.max_tokens, dtype=np.int64)
+        self.tokens = np.empty(prompt.size + self.sampling_params.max_tokens, dtype=TOKEN_DTYPE)
         self.tokens[:prompt.size] = prompt
         self.num_prompt_tokens = self.num_tokens = int(prompt.size)
         self.status = SequenceStatus.WAITING
@@ -129,6 +133,10 @@ class Sequence:
         self.tokens[self.num_tokens] = token_id
         self.num_tokens += 1
 
+    def token_bytes(self) -> bytes:
+        """All token ids as bytes, copied once so blocks can be hashed and checked by slicing."""
+        return self.tokens[:self.num_tokens].tobytes()
+
     def block_bytes(self, index: int, block_size: int) -> bytes:
         """Token ids of block ``index`` as fixed-width bytes (what is hashed and verified)."""
         return self.tokens[index * block_size:(index + 1) * block_size].tobytes()
@@ -167,6 +175,8 @@ class SchedulerStats:
 
 # (cached block ids, cached token count, last hash) -- the engine's _lookup_prefix_cache
 PrefixLookup = Callable[[Sequence], tuple[list[int], int, int]]
+# (seq, number of cached blocks) -> is another running sequence computing the next one?
+InFlightCheck = Callable[[Sequence, int], bool]
 
 
 @dataclass
@@ -174,6 +184,7 @@ class Scheduler:
     config: SchedulerConfig
     block_manager: BlockManager
     lookup_prefix_cache: PrefixLookup
+    prefix_in_flight: InFlightCheck
     waiting: deque = field(default_factory=deque)
     running: list = field(default_factory=list)  # admission order: the tail is preempted first
     stats: SchedulerStats = field(default_factory=SchedulerStats)
@@ -232,6 +243,8 @@ class Scheduler:
         cached_ids, cached_len = [], 0
         if self.config.enable_prefix_caching:
             cached_ids, cached_len, _ = self.lookup_prefix_cache(seq)
+            if self.prefix_in_flight(seq, len(cached_ids)):
+                return False  # wait a step: the shared block is being written, then it is a hit
         cached = [bm.blocks[i] for i in cached_ids]
         num_new = -(-seq.num_tokens // self.config.block_size) - len(cached)
         if not bm.can_allocate(num_new, cached):

@@ -133,8 +133,17 @@ def test_fully_cached_prompt_still_computes_last_token(llama_dir, length):
     assert_no_leak(llm)
 
 
-def test_same_prompt_same_step_no_unwritten_read_no_leak(llama_dir):
-    llm = make_llm(llama_dir, block_size=8)
+def drain(llm) -> dict:
+    outs = {}
+    while llm.has_unfinished_requests():
+        outs.update({o.request_id: o for o in llm.step()})
+    return outs
+
+
+def test_same_prompt_same_step_is_deduplicated(llama_dir):
+    """recompute: the second copy is admitted in the same step (it cannot see the first one's
+    in-flight chain); it must not read unwritten blocks, and its duplicates are folded."""
+    llm = make_llm(llama_dir, block_size=8, hash_strategy="recompute")
     prompt = random_prompt(40, seed=3)
     params = SamplingParams(max_tokens=5, **GREEDY)
     a, b = llm.add_request(prompt, params), llm.add_request(prompt, params)
@@ -149,9 +158,25 @@ def test_same_prompt_same_step_no_unwritten_read_no_leak(llama_dir):
         assert block.ref_count == 2
         assert llm._prefix_cache[first._block_hashes[i]] is block
     assert len(llm._prefix_cache) == full
-    outs = {}
-    while llm.has_unfinished_requests():
-        outs.update({o.request_id: o for o in llm.step()})
+    outs = drain(llm)
+    assert_matches_hf(llama_dir, [prompt, prompt], [outs[a], outs[b]], 5)
+    assert_no_leak(llm)
+
+
+def test_same_prompt_same_step_waits_for_the_written_prefix(llama_dir):
+    """incremental: the second copy sees the first one's chain in flight and waits one step,
+    then is served from cache instead of computing the same blocks again."""
+    llm = make_llm(llama_dir, block_size=8)
+    prompt = random_prompt(40, seed=3)
+    params = SamplingParams(max_tokens=5, **GREEDY)
+    a, b = llm.add_request(prompt, params), llm.add_request(prompt, params)
+    llm.step()
+    assert len(llm.scheduler.running) == 1 and len(llm.scheduler.waiting) == 1
+    assert llm.stats()["prefix_cache_hits"] == 0
+    llm.step()
+    assert llm.stats()["prefix_cache_hits"] == 32  # all but the last block (the last-token rule)
+    assert llm.stats()["prompt_tokens_computed"] == 40 + 8
+    outs = drain(llm)
     assert_matches_hf(llama_dir, [prompt, prompt], [outs[a], outs[b]], 5)
     assert_no_leak(llm)
 
