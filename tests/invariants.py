@@ -1,0 +1,390 @@
+"""Block accounting of the paged KV pool and its prefix cache, checked from the outside.
+
+``check_accounting(llm)`` can be called between any two engine steps (also after a step that
+raised). It recomputes everything from the block tables of the scheduler's sequences and the
+block manager's own structures, and raises ``AssertionError`` naming the first broken rule:
+
+* every block is exactly one of
+    free             -- ref 0, no hash, in the free queue;
+    cached-and-free  -- ref 0, has a hash, in the free queue, registered in ``cached_blocks``;
+    in use           -- ref > 0, not in the free queue;
+* a block's ref count equals the number of running sequences' block tables holding it
+  (a waiting sequence holds no block, and no table holds a block twice);
+* the free queue is a well-formed doubly linked list whose size, flags and members agree;
+* every prefix-cache entry ``h -> block`` names the block's own hash, its stored token bytes
+  are one block of tokens, and ``h`` is the chain hash of those bytes seeded with the parent's
+  hash (the salt's root hash for a first block) -- so the entry names exactly one token
+  prefix; its parent is itself a registered cached block (or a block in use);
+* every full block a running sequence has computed is registered (prefix caching on) and
+  holds that sequence's tokens under that sequence's chain hash, with the sequence's previous
+  block as parent; with prefix caching off no block carries a hash;
+* a running sequence has at least one token left to compute (its last one), so the scheduler
+  can always give it a chunk;
+* the engine's request map holds exactly the queued and running sequences.
+
+``assert_idle(llm)`` additionally checks that nothing is in use and nothing is queued.
+"""
+from __future__ import annotations
+
+import xxhash
+
+__all__ = ["check_accounting", "assert_idle", "root_hash"]
+
+
+def root_hash(salt: str | None) -> int:
+    """The chain's starting value for a salt (mirrors ``Sequence.root_hash``)."""
+    return 0 if salt is None else xxhash.xxh3_64_intdigest(salt.encode())
+
+
+def _free_queue_members(fq, num_blocks: int) -> list:
+    members, prev, seen = [], None, set()
+    block = fq.head
+    while block is not None:
+        assert id(block) not in seen, f"free queue has a cycle at block {block.block_id}"
+        seen.add(id(block))
+        assert block.prev is prev, (f"free queue link broken: block {block.block_id}.prev is "
+                                    f"{getattr(block.prev, 'block_id', None)}, expected "
+                                    f"{getattr(prev, 'block_id', None)}")
+        members.append(block)
+        assert len(members) <= num_blocks, "free queue longer than the pool"
+        prev, block = block, block.next
+    assert fq.tail is prev, (f"free queue tail is {getattr(fq.tail, 'block_id', None)}, "
+                             f"last linked block is {getattr(prev, 'block_id', None)}")
+    assert len(fq) == len(members), f"free queue size {len(fq)} != {len(members)} linked blocks"
+    return members
+
+
+def check_accounting(llm) -> None:
+    bm = llm.block_manager
+    sched = llm.scheduler
+    bs = llm.block_size
+    blocks = bm.blocks
+    n = len(blocks)
+    assert n == llm.num_blocks, f"block manager has {n} blocks, engine sized {llm.num_blocks}"
+    for i, block in enumerate(blocks):
+        assert block.block_id == i, f"blocks[{i}] has block_id {block.block_id}"
+
+    # ---------------------------------------------------------------- free queue
+    members = _free_queue_members(bm.free_queue, n)
+    in_queue = {b.block_id for b in members}
+    assert len(in_queue) == len(members), "a block is linked into the free queue twice"
+    for block in blocks:
+        assert block.in_free_queue == (block.block_id in in_queue), (
+            f"block {block.block_id}: in_free_queue={block.in_free_queue} but "
+            f"{'is' if block.block_id in in_queue else 'is not'} linked in the free queue")
+        if not block.in_free_queue:
+            assert block.prev is None and block.next is None, (
+                f"block {block.block_id} is not queued but keeps free-queue links")
+
+    # ---------------------------------------------------------------- sequences and ref counts
+    running = list(sched.running)
+    waiting = list(sched.waiting)
+    run_ids, wait_ids = {id(s) for s in running}, {id(s) for s in waiting}
+    assert len(run_ids) == len(running), "a sequence is in the running list twice"
+    assert len(wait_ids) == len(waiting), "a sequence is in the waiting queue twice"
+    assert not run_ids & wait_ids, "a sequence is both running and waiting"
+    assert len(running) <= sched.config.max_num_seqs, (
+        f"{len(running)} running sequences > max_num_seqs {sched.config.max_num_seqs}")
+    queued = {s.request_id: s for s in running + waiting}
+    assert set(llm._requests) == set(queued), (
+        f"engine request map {sorted(llm._requests)} != queued/running {sorted(queued)}")
+    for rid, seq in llm._requests.items():
+        assert seq is queued[rid], f"request {rid} maps to another Sequence object"
+        assert not seq.is_finished, f"request {rid} is finished but still registered"
+
+    holders = [0] * n
+    for seq in running:
+        table = seq.block_table
+        assert len(set(table)) == len(table), f"{seq}: block table holds a block twice: {table}"
+        for block_id in table:
+            assert 0 <= block_id < n, f"{seq}: block id {block_id} outside the pool"
+            holders[block_id] += 1
+        # between steps a running sequence always has its last token (at least) to compute;
+        # with nothing left the scheduler would never give it a chunk again (wedged)
+        assert seq.num_computed_tokens < seq.num_tokens, (
+            f"{seq}: all {seq.num_tokens} tokens computed but no token was appended")
+        assert seq.num_computed_tokens <= len(table) * bs, (
+            f"{seq}: {seq.num_computed_tokens} tokens computed but only {len(table)} blocks")
+        assert len(table) * bs >= seq.num_tokens - 1, (
+            f"{seq}: block table of {len(table)} blocks cannot hold its {seq.num_tokens} tokens")
+        assert len(table) <= -(-seq.num_tokens // bs), (
+            f"{seq}: {len(table)} blocks for {seq.num_tokens} tokens (over-allocated)")
+    for seq in waiting:
+        assert seq.block_table == [], f"waiting {seq} still holds blocks {seq.block_table}"
+        assert seq.num_computed_tokens == 0, f"waiting {seq} claims computed tokens"
+
+    for block in blocks:
+        bid = block.block_id
+        assert block.ref_count == holders[bid], (
+            f"block {bid}: ref_count {block.ref_count} but held by {holders[bid]} block table(s)")
+        if block.ref_count == 0:
+            assert block.in_free_queue, f"block {bid} has ref 0 but is not in the free queue"
+            if block.block_hash is not None:
+                assert bm.cached_blocks.get(block.block_hash) is block, (
+                    f"block {bid} is free with hash {block.block_hash:#x} but not registered "
+                    f"in the prefix cache (a stale identity)")
+        else:
+            assert not block.in_free_queue, f"block {bid} is in use (ref {block.ref_count}) and free"
+            if block.block_hash is not None:
+                assert bm.cached_blocks.get(block.block_hash) is block, (
+                    f"in-use block {bid} has hash {block.block_hash:#x} but is not registered")
+        if block.block_hash is None:
+            assert block.token_bytes is None and block.parent_id is None and block.salt is None, (
+                f"block {bid} has no hash but keeps a cached identity")
+
+    # ---------------------------------------------------------------- the prefix cache
+    enabled = llm.config.enable_prefix_caching
+    if not enabled:
+        assert not bm.cached_blocks, "prefix caching is off but blocks are registered"
+        assert all(b.block_hash is None for b in blocks), "prefix caching is off but a block has a hash"
+    assert len(bm.cached_blocks) <= n, "more prefix-cache entries than blocks"
+    hash_fn = getattr(llm, "_hash_fn", None) or (lambda data, seed: xxhash.xxh3_64_intdigest(data, seed=seed))
+    for h, block in bm.cached_blocks.items():
+        bid = block.block_id
+        assert blocks[bid] is block, f"prefix cache entry {h:#x} points outside the pool"
+        assert block.block_hash == h, (
+            f"prefix cache entry {h:#x} points to block {bid} whose hash is {block.block_hash}")
+        assert isinstance(block.token_bytes, bytes) and len(block.token_bytes) == bs * 8, (
+            f"cached block {bid} stores {len(block.token_bytes or b'')} token bytes, not one block")
+        if block.parent_id is None:
+            seed = root_hash(block.salt)
+        else:
+            parent = blocks[block.parent_id]
+            assert parent is not block, f"cached block {bid} is its own parent"
+            parent_cached = (parent.block_hash is not None
+                             and bm.cached_blocks.get(parent.block_hash) is parent)
+            assert parent_cached or parent.ref_count > 0, (
+                f"cached block {bid}: parent {parent.block_id} is neither cached nor in use "
+                f"(dangling chain)")
+            assert parent_cached, (
+                f"cached block {bid}: parent {parent.block_id} is in use but not cached, so the "
+                f"entry's chain cannot be verified")
+            assert parent.salt == block.salt, f"cached block {bid} and its parent have different salts"
+            seed = parent.block_hash
+        assert hash_fn(block.token_bytes, seed) == h, (
+            f"cached block {bid}: hash {h:#x} is not the chain hash of its tokens and parent "
+            f"{block.parent_id} (the entry names a prefix the block does not hold)")
+    # chains terminate (no cycles through parent_id)
+    for block in bm.cached_blocks.values():
+        steps, b = 0, block
+        while b.parent_id is not None:
+            b = blocks[b.parent_id]
+            steps += 1
+            assert steps <= n, f"parent chain of cached block {block.block_id} has a cycle"
+
+    # in-use blocks: what a running sequence has computed is cached under its own chain
+    for seq in running:
+        prev = root_hash(seq.cache_salt)
+        full = seq.num_computed_tokens // bs
+        for i in range(full):
+            block = blocks[seq.block_table[i]]
+            expect_bytes = seq.tokens[i * bs:(i + 1) * bs].tobytes()
+            prev = hash_fn(expect_bytes, prev)
+            if not enabled:
+                continue
+            assert block.block_hash == prev and bm.cached_blocks.get(prev) is block, (
+                f"{seq}: computed block {i} (block {block.block_id}) is not cached under the "
+                f"sequence's chain hash")
+            assert block.token_bytes == expect_bytes, (
+                f"{seq}: cached block {block.block_id} at index {i} holds other tokens")
+            want_parent = seq.block_table[i - 1] if i else None
+            assert block.parent_id == want_parent, (
+                f"{seq}: block {block.block_id} at index {i} has parent {block.parent_id}, "
+                f"the sequence's previous block is {want_parent}")
+            assert (block.salt == seq.cache_salt), f"{seq}: block {block.block_id} has another salt"
+
+    # ---------------------------------------------------------------- the engine's own figures
+    stats = llm.stats()
+    in_use = sum(1 for b in blocks if b.ref_count > 0)
+    assert stats["blocks_in_use"] == in_use, f"stats say {stats['blocks_in_use']} in use, counted {in_use}"
+    assert stats["free_blocks"] == len(members) == n - in_use
+    assert stats["blocks_cached"] == len(bm.cached_blocks)
+
+
+def assert_idle(llm) -> None:
+    """Everything finished: no block in use, nothing queued, every block in the free queue."""
+    check_accounting(llm)
+    bm = llm.block_manager
+    assert not llm.scheduler.running and not llm.scheduler.waiting, (
+        f"queues not empty: running={list(llm.scheduler.running)} waiting={list(llm.scheduler.waiting)}")
+    assert not llm.has_unfinished_requests()
+    assert llm._requests == {}, f"requests still registered: {sorted(llm._requests)}"
+    assert all(b.ref_count == 0 for b in bm.blocks), "a block is in use with nothing running"
+    assert len(bm.free_queue) == bm.num_blocks, (
+        f"free queue holds {len(bm.free_queue)} of {bm.num_blocks} blocks")
+    assert len(bm.cached_blocks) <= bm.num_blocks
+
+
+# ----------------------------------------------------------------------------- greedy reference
+
+TIE_TOL = 1e-3  # reference top-2 logprobs closer than this: a near-tie, stop comparing there
+
+
+class GreedyReference:
+    """Greedy tokens of a prompt run alone on a separate cache-off engine, memoised.
+
+    Every prompt gets its own ``generate`` call (nothing batched with it, nothing cached), so
+    the reference shares no scheduling or prefix-cache path with the engine under test.
+    ``compare`` checks tokens up to the first position where the reference's top-2
+    logprobs are within ``TIE_TOL`` (tiny random models have near-ties that legitimately
+    flip under a different batch composition); it never loosens beyond that.
+    """
+
+    _memo: dict = {}  # (model_dir, prompt) -> (tokens, tie flags); shared by all instances
+
+    def __init__(self, model_dir: str) -> None:
+        from hf_reference import make_llm
+
+        self.model_dir = str(model_dir)
+        self.llm = make_llm(self.model_dir, block_size=16, num_kv_blocks=64, max_num_seqs=1,
+                            max_num_batched_tokens=4096, enable_prefix_caching=False)
+        self.compared = 0
+        self.total = 0
+
+    def get(self, prompt, max_tokens: int) -> tuple[list[int], list[bool]]:
+        from engine import SamplingParams
+
+        key = (self.model_dir, tuple(int(t) for t in prompt))
+        hit = self._memo.get(key)
+        if hit is None or len(hit[0]) < max_tokens:
+            sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=2)
+            (out,) = self.llm.generate([list(key[1])], sp, use_tqdm=False)
+            assert len(out.token_ids) == max_tokens
+            ties = []
+            for lp in out.logprobs:
+                top = sorted(lp.values(), reverse=True)
+                ties.append(len(top) > 1 and top[0] - top[1] < TIE_TOL)
+            hit = (list(out.token_ids), ties)
+            self._memo[key] = hit
+            assert_idle(self.llm)
+        return hit[0][:max_tokens], hit[1][:max_tokens]
+
+    def compare(self, prompt, got, max_tokens: int, what: str = "", stop_ids=(),
+                finish_reason: str | None = None) -> int:
+        """Assert ``got`` equals the reference up to its first near-tie; returns positions compared.
+
+        With ``stop_ids`` the expected output is the reference cut after its first stop token
+        (finish reason "stop"); without, all ``max_tokens`` tokens (finish reason "length").
+        Output length and finish reason are checked when no near-tie precedes the end.
+        """
+        ref, ties = self.get(prompt, max_tokens)
+        got = list(got)
+        end = next((j + 1 for j, t in enumerate(ref) if t in stop_ids), len(ref))
+        expected, reason = ref[:end], ("stop" if end < len(ref) or ref[-1] in stop_ids else "length")
+        k = ties.index(True) if True in ties[:end] else end
+        if got[:k] != expected[:k]:
+            j = next(i for i in range(min(k, len(got) + 1)) if i >= len(got) or got[i] != expected[i])
+            raise AssertionError(f"{what}: token {j} differs from the request run alone "
+                                 f"(cache off): got {got} vs reference {expected} "
+                                 f"(prompt of {len(prompt)} tokens)")
+        assert len(got) <= max_tokens, f"{what}: {len(got)} tokens generated, max_tokens={max_tokens}"
+        if k == end:  # no near-tie: the whole output is determined
+            assert got == expected, f"{what}: got {got}, reference {expected} (stop ids {list(stop_ids)})"
+            if finish_reason is not None:
+                assert finish_reason == reason, f"{what}: finish reason {finish_reason!r}, expected {reason!r}"
+        self.compared += k
+        self.total += end
+        return k
+
+    def assert_not_vacuous(self, min_fraction: float = 0.8) -> None:
+        assert self.total > 0, "nothing was compared"
+        assert self.compared >= min_fraction * self.total, (
+            f"only {self.compared}/{self.total} positions compared (near-ties): vacuous")
+
+
+# ----------------------------------------------------------------------------- fault injection
+
+FAULT_KINDS = ("forward_before", "forward_after", "sampler")
+
+
+class InjectedFault(RuntimeError):
+    pass
+
+
+class FaultInjector:
+    """Raises ``InjectedFault`` once, inside an engine step, when armed.
+
+    Kinds: ``forward_before`` (model forward raises before computing), ``forward_after`` (it
+    raises after the real forward wrote this step's K/V into the pool), ``sampler`` (sampling
+    raises after the real sampler ran). ``arm(kind, skip=n)`` lets n calls pass first.
+    """
+
+    def __init__(self, llm) -> None:
+        self.armed: str | None = None
+        self.skip = 0
+        self.fired = 0
+        forward, sampler = llm.model.forward, llm.sampler
+
+        def faulty_forward(*args, **kwargs):
+            fire = self._should_fire(("forward_before", "forward_after"))
+            if fire == "forward_before":
+                self._fire()
+            out = forward(*args, **kwargs)  # writes this step's K/V into the pool
+            if fire == "forward_after":
+                self._fire()
+            return out
+
+        def faulty_sampler(*args, **kwargs):
+            fire = self._should_fire(("sampler",))
+            out = sampler(*args, **kwargs)
+            if fire:
+                self._fire()
+            return out
+
+        llm.model.forward = faulty_forward
+        llm.sampler = faulty_sampler
+
+    def arm(self, kind: str, skip: int = 0) -> None:
+        assert kind in FAULT_KINDS, kind
+        self.armed, self.skip = kind, skip
+
+    def _should_fire(self, kinds) -> str | None:
+        if self.armed not in kinds:
+            return None
+        if self.skip > 0:
+            self.skip -= 1
+            return None
+        return self.armed
+
+    def _fire(self):
+        self.armed = None
+        self.fired += 1
+        raise InjectedFault("injected")
+
+
+def snapshot(llm):
+    seqs = {s.request_id: (s.num_tokens, s.output_token_ids, s.num_computed_tokens, s in llm.scheduler.running)
+            for s in list(llm.scheduler.running) + list(llm.scheduler.waiting)}
+    return (seqs, dict(llm._counters), set(llm.block_manager.cached_blocks),
+            llm.scheduler.stats.preemptions)
+
+
+def assert_nothing_committed(llm, before):
+    """The failed step may have scheduled (admitted, allocated, preempted) but not computed."""
+    seqs_before, counters_before, cached_before, preempted_before = before
+    seqs_after, counters_after, cached_after, preempted_after = snapshot(llm)
+    assert set(seqs_after) == set(seqs_before), "a failed step lost or finished a request"
+    for rid, (num_tokens, out, computed, was_running) in seqs_before.items():
+        n2, out2, computed2, running2 = seqs_after[rid]
+        assert (n2, out2) == (num_tokens, out), f"request {rid}: a failed step appended tokens"
+        if was_running and running2 and preempted_after == preempted_before:
+            assert computed2 == computed, (
+                f"request {rid}: a failed step advanced num_computed_tokens {computed} -> {computed2}")
+    for key in ("steps", "generation_tokens", "prompt_tokens_computed"):
+        assert counters_after[key] == counters_before[key], f"a failed step counted {key}"
+    assert cached_after <= cached_before, "a failed step registered prefix-cache blocks"
+
+
+# ----------------------------------------------------------------------------- driving the engine
+
+def drain(llm, max_steps: int = 10000) -> dict:
+    """Step until idle, checking the accounting after every step; request id -> output."""
+    outputs = {}
+    for _ in range(max_steps):
+        if not llm.has_unfinished_requests():
+            return outputs
+        for out in llm.step():
+            assert out.request_id not in outputs, f"request {out.request_id} finished twice"
+            outputs[out.request_id] = out
+        check_accounting(llm)
+    raise AssertionError(f"engine still busy after {max_steps} steps (livelock?)")
