@@ -25,10 +25,13 @@ class Block:
 
     block_id: int
     ref_count: int = 0
+    # Bumped on every allocation: (block_id, generation) names one lifetime of the block's
+    # K/V, so a child can never be matched to a reused parent.
+    generation: int = 0
     block_hash: int | None = None
     # What the hash stands for, checked on every hit so a collision can only cost a miss.
     token_bytes: bytes | None = None
-    parent_id: int | None = None
+    parent: tuple[int, int] | None = None  # (block_id, generation) of the block before it
     salt: str | None = None
     # Links of the free queue (None when not queued or at an end).
     prev: Block | None = None
@@ -38,8 +41,12 @@ class Block:
     def forget_identity(self) -> None:
         self.block_hash = None
         self.token_bytes = None
-        self.parent_id = None
+        self.parent = None
         self.salt = None
+
+    @property
+    def lifetime(self) -> tuple[int, int]:
+        return self.block_id, self.generation
 
 
 class FreeBlockQueue:
@@ -170,6 +177,7 @@ class BlockManager:
             block.forget_identity()
             self.num_evictions += 1
         block.ref_count = 1
+        block.generation += 1
         return block
 
     def share(self, block: Block) -> None:
@@ -192,14 +200,14 @@ class BlockManager:
                     self.free_queue.push_back(block)
 
     def cache_block(self, block: Block, block_hash: int, token_bytes: bytes,
-                    parent_id: int | None, salt: str | None) -> bool:
+                    parent: tuple[int, int] | None, salt: str | None) -> bool:
         """Register a block whose K/V are written. False if the hash already names a block
         (an identical block computed in the same step, or a collision): the first one stays."""
         if block_hash in self.cached_blocks or block.block_hash is not None:
             return False
         block.block_hash = block_hash
         block.token_bytes = token_bytes
-        block.parent_id = parent_id
+        block.parent = parent
         block.salt = salt
         self.cached_blocks[block_hash] = block
         return True

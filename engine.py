@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -134,6 +135,7 @@ class LLM:
         self._counters = dict(hash_computations=0, prompt_tokens_computed=0,
                               generation_tokens=0, steps=0)
         self._requests: dict[str, Sequence] = {}
+        self._unclaimed: list[RequestOutput] = []
 
     # ------------------------------------------------------------------ set-up
 
@@ -219,12 +221,12 @@ class LLM:
         parent = None
         for i in range(max_blocks):
             block = cached.get(hashes[i])
-            if (block is None or block.parent_id != parent
+            if (block is None or block.parent != parent
                     or block.token_bytes != tokens[i * width:(i + 1) * width]
                     or (i == 0 and block.salt != seq.cache_salt)):
                 break
             block_ids.append(block.block_id)
-            parent = block.block_id
+            parent = block.lifetime
         if self.hash_strategy == "recompute":
             seq._block_hashes = hashes[:len(block_ids)]  # saving hashes the rest again
         last_hash = hashes[len(block_ids) - 1] if block_ids else 0
@@ -249,13 +251,17 @@ class LLM:
         step), ``seq`` switches to it and frees its copy, so later blocks chain from one parent.
         """
         index = end // self.block_size - 1
-        block = self.block_manager.blocks[seq.block_table[index]]
-        parent = seq.block_table[index - 1] if index > 0 else None
+        blocks = self.block_manager.blocks
+        block = blocks[seq.block_table[index]]
+        parent = blocks[seq.block_table[index - 1]] if index > 0 else None
+        if parent is not None and parent.block_hash is None:
+            return  # unreachable by lookups (they walk from cached parents): nothing to register
+        parent_lifetime = parent.lifetime if parent is not None else None
         token_bytes = seq.block_bytes(index, self.block_size)
-        if self.block_manager.cache_block(block, h, token_bytes, parent, seq.cache_salt):
+        if self.block_manager.cache_block(block, h, token_bytes, parent_lifetime, seq.cache_salt):
             return
         existing = self._prefix_cache.get(h)
-        if (existing is not None and existing is not block and existing.parent_id == parent
+        if (existing is not None and existing is not block and existing.parent == parent_lifetime
                 and existing.token_bytes == token_bytes and existing.salt == seq.cache_salt):
             self.block_manager.share(existing)
             self.block_manager.free([block.block_id])
@@ -354,12 +360,20 @@ class LLM:
         return True
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished
+        """True while a request runs or waits, or has finished with its output not yet returned."""
+        return self.scheduler.has_unfinished or bool(self._unclaimed)
 
     # ------------------------------------------------------------------ the step
 
     def step(self) -> list[RequestOutput]:
-        """Schedule, run one forward for all scheduled tokens, sample, append; return finished."""
+        """Schedule, run one forward for all scheduled tokens, sample, append; return finished.
+
+        Also returns requests (from ``add_request``) that finished inside a ``generate()`` call.
+        """
+        unclaimed, self._unclaimed = self._unclaimed, []
+        return unclaimed + self._step()
+
+    def _step(self) -> list[RequestOutput]:
         chunks = self.scheduler.schedule()
         if not chunks:
             if self.scheduler.has_unfinished:
@@ -368,10 +382,13 @@ class LLM:
         sampled = [c.seq for c in chunks if c.completes_sequence]
         logits = self._run_model(chunks)
         tokens, logprobs = self.sampler(logits, sampled)
+        # Commit only once the forward and sampling succeeded: a step that raises leaves every
+        # sequence as it was, to be scheduled again.
         for chunk in chunks:
             self._do_prefill_step(chunk.seq, chunk.num_tokens)
         self._counters["steps"] += 1
-        return self._append_tokens(sampled, tokens, logprobs)
+        finished = self._append_tokens(sampled, tokens, logprobs)
+        return [self._make_output(seq) for seq in finished]
 
     def _run_model(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
         seq_chunks = [SeqChunk(c.seq.num_computed_tokens, c.num_tokens, c.seq.block_table)
@@ -384,7 +401,7 @@ class LLM:
         return self.model(torch.from_numpy(input_ids).to(self.device), meta, self.kv_cache,
                           torch.tensor(logits_index, dtype=torch.long, device=self.device))
 
-    def _append_tokens(self, seqs: list[Sequence], tokens: list[int], logprobs) -> list[RequestOutput]:
+    def _append_tokens(self, seqs: list[Sequence], tokens: list[int], logprobs) -> list[Sequence]:
         finished = []
         now = time.perf_counter()
         for row, (seq, token) in enumerate(zip(seqs, tokens)):
@@ -397,7 +414,8 @@ class LLM:
             reason = self._finish_reason(seq, token)
             if reason is not None:
                 self.scheduler.finish(seq, reason)
-                finished.append(self._make_output(seq, now))
+                seq.finished_time = now
+                finished.append(seq)
         return finished
 
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:
@@ -408,15 +426,24 @@ class LLM:
             return "length"
         return None
 
-    def _make_output(self, seq: Sequence, now: float) -> RequestOutput:
-        del self._requests[seq.request_id]
+    def _make_output(self, seq: Sequence) -> RequestOutput:
+        self._requests.pop(seq.request_id, None)
         token_ids = seq.output_token_ids
-        text = self.tokenizer.decode(token_ids, skip_special_tokens=True) if self.tokenizer else None
-        completion = CompletionOutput(0, text, token_ids, seq.finish_reason, seq.logprobs)
+        completion = CompletionOutput(0, self._decode(token_ids), token_ids, seq.finish_reason,
+                                      seq.logprobs)
         metrics = dict(arrival_time=seq.arrival_time, first_token_time=seq.first_token_time,
-                       finished_time=now, ttft=seq.first_token_time - seq.arrival_time)
+                       finished_time=seq.finished_time, ttft=seq.first_token_time - seq.arrival_time)
         return RequestOutput(seq.request_id, seq.prompt_text, seq.prompt_token_ids, [completion],
                              metrics=metrics)
+
+    def _decode(self, token_ids: list[int]) -> str | None:
+        if self.tokenizer is None:
+            return None
+        try:
+            return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+        except Exception as exc:  # a tokenizer failure must not lose the tokens of the batch
+            warnings.warn(f"could not decode output tokens: {exc!r}; text is None")
+            return None
 
     # ------------------------------------------------------------------ generate
 
@@ -447,11 +474,13 @@ class LLM:
         start, tokens_at_start = time.perf_counter(), self._counters["generation_tokens"]
         remaining = len(results)
         while remaining:
-            for out in self.step():
-                if out.request_id in order:
-                    results[order[out.request_id]] = out
-                    remaining -= 1
-                    bar.update(1)
+            for out in self._step():
+                if out.request_id not in order:
+                    self._unclaimed.append(out)  # an add_request() caller's: its next step() has it
+                    continue
+                results[order[out.request_id]] = out
+                remaining -= 1
+                bar.update(1)
             elapsed = time.perf_counter() - start
             rate = (self._counters["generation_tokens"] - tokens_at_start) / max(elapsed, 1e-9)
             bar.set_postfix_str(f"{rate:.1f} out tok/s", refresh=False)

@@ -2,19 +2,29 @@
 
 Split out of engine.py so the engine file keeps one job (the loop and the prefix cache).
 Sampling uses the exponential-race trick (argmax of p / E with E ~ Exp(1)), which draws
-exactly from p; a request with a seed draws its noise from its own generator, so its
-samples do not depend on what else is in the batch.
+exactly from p. A request with a seed draws its noise from a generator seeded with
+(seed, number of tokens it has generated), so its samples depend neither on the rest of
+the batch nor on a step that failed and was retried, nor on preemption.
 """
 from __future__ import annotations
 
+import struct
+
 import torch
+import xxhash
 
 from scheduler import Sequence
+
+
+def noise_seed(seed: int, position: int) -> int:
+    """A generator seed for one sampled position of a seeded request."""
+    return xxhash.xxh3_64_intdigest(struct.pack("<qq", seed, position)) >> 1
 
 
 class Sampler:
     def __init__(self, device: torch.device, seed: int | None) -> None:
         self.device = device
+        self.request_generator = torch.Generator(device=device)
         self.generator = torch.Generator(device=device)
         if seed is not None:
             self.generator.manual_seed(seed)
@@ -65,9 +75,8 @@ class Sampler:
         for row, seq in enumerate(seqs):
             seed = seq.sampling_params.seed
             if seed is not None and not seq.sampling_params.greedy:
-                if seq.generator is None:
-                    seq.generator = torch.Generator(device=self.device).manual_seed(seed)
-                noise[row].exponential_(generator=seq.generator)
+                self.request_generator.manual_seed(noise_seed(seed, seq.num_output_tokens))
+                noise[row].exponential_(generator=self.request_generator)
         return noise
 
     @staticmethod

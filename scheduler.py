@@ -90,9 +90,9 @@ class Sequence:
         self._block_hashes: list[int] = []
         self.finish_reason: str | None = None
         self.logprobs: list[dict[int, float]] | None = [] if self.sampling_params.logprobs is not None else None
-        self.generator = None  # per-request torch.Generator, made by the sampler when seeded
         self.arrival_time: float | None = None
         self.first_token_time: float | None = None
+        self.finished_time: float | None = None
 
     @property
     def root_hash(self) -> int:

@@ -129,7 +129,7 @@ def check_accounting(llm) -> None:
                 assert bm.cached_blocks.get(block.block_hash) is block, (
                     f"in-use block {bid} has hash {block.block_hash:#x} but is not registered")
         if block.block_hash is None:
-            assert block.token_bytes is None and block.parent_id is None and block.salt is None, (
+            assert block.token_bytes is None and block.parent is None and block.salt is None, (
                 f"block {bid} has no hash but keeps a cached identity")
 
     # ---------------------------------------------------------------- the prefix cache
@@ -146,10 +146,12 @@ def check_accounting(llm) -> None:
             f"prefix cache entry {h:#x} points to block {bid} whose hash is {block.block_hash}")
         assert isinstance(block.token_bytes, bytes) and len(block.token_bytes) == bs * 8, (
             f"cached block {bid} stores {len(block.token_bytes or b'')} token bytes, not one block")
-        if block.parent_id is None:
+        if block.parent is None:
             seed = root_hash(block.salt)
         else:
-            parent = blocks[block.parent_id]
+            parent = blocks[block.parent[0]]
+            assert parent.generation == block.parent[1], (
+                f"cached block {bid}: its parent {parent.block_id} was reused since (stale chain)")
             assert parent is not block, f"cached block {bid} is its own parent"
             parent_cached = (parent.block_hash is not None
                              and bm.cached_blocks.get(parent.block_hash) is parent)
@@ -163,12 +165,12 @@ def check_accounting(llm) -> None:
             seed = parent.block_hash
         assert hash_fn(block.token_bytes, seed) == h, (
             f"cached block {bid}: hash {h:#x} is not the chain hash of its tokens and parent "
-            f"{block.parent_id} (the entry names a prefix the block does not hold)")
-    # chains terminate (no cycles through parent_id)
+            f"{block.parent} (the entry names a prefix the block does not hold)")
+    # chains terminate (no cycles through parents)
     for block in bm.cached_blocks.values():
         steps, b = 0, block
-        while b.parent_id is not None:
-            b = blocks[b.parent_id]
+        while b.parent is not None:
+            b = blocks[b.parent[0]]
             steps += 1
             assert steps <= n, f"parent chain of cached block {block.block_id} has a cycle"
 
@@ -187,9 +189,9 @@ def check_accounting(llm) -> None:
                 f"sequence's chain hash")
             assert block.token_bytes == expect_bytes, (
                 f"{seq}: cached block {block.block_id} at index {i} holds other tokens")
-            want_parent = seq.block_table[i - 1] if i else None
-            assert block.parent_id == want_parent, (
-                f"{seq}: block {block.block_id} at index {i} has parent {block.parent_id}, "
+            want_parent = blocks[seq.block_table[i - 1]].lifetime if i else None
+            assert block.parent == want_parent, (
+                f"{seq}: block {block.block_id} at index {i} has parent {block.parent}, "
                 f"the sequence's previous block is {want_parent}")
             assert (block.salt == seq.cache_salt), f"{seq}: block {block.block_id} has another salt"
 

@@ -232,15 +232,12 @@ def test_seeded_sampling_independent_of_batch_cache_and_preemption(llama_dir):
 
 def test_hash_collision_costs_only_a_miss(llama_dir, reference):
     """The prefix cache verifies every hit against the block's tokens and parent, so a hash
-    collision "can only cost a miss" (block_manager.Block). Forced collisions: it serves a
-    block whose K/V belong to another prefix.
-
-    BUG: ``_block_matches`` checks ``block.parent_id == parent`` by block *id*, but a block
-    can be registered (``_save_prefix_cache``) while its parent is not (the parent's hash was
-    taken by a colliding block), and that parent is freed as a plain block and reused. Here:
-    S0 caches Z under h=1; S1 = A|B|t: A's block P collides with Z (not cached), B's block K is
-    cached under h=2 with parent P; P is reused by S2 = X|t and cached as X; S3 = X|B|t hits P,
-    then K (hash 2, same tokens, parent_id == P) -- K's K/V were computed after A, not X.
+    collision "can only cost a miss". Forced collisions build the case a parent check by block
+    id alone gets wrong: S0 caches Z under h=1; S1 = A|B|t: A's block P collides with Z (so P
+    is not cached) and B's block K would name P as its parent; P is freed, reused by S2 = X|t
+    and cached as X; S3 = X|B|t must not be served K, whose K/V were computed after A, not X.
+    The engine refuses to cache a block whose parent is not cached, and parents are named by
+    (block id, generation), so a reused block is never mistaken for the parent it replaced.
     """
     r = random_prompt(17, 9)
     Z, A, B, X, t = r[0:4], r[4:8], r[8:12], r[12:16], r[16:17]
