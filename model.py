@@ -170,7 +170,8 @@ class AttentionGroup:
     """
 
     query_index: torch.Tensor | slice  # packed tokens of the [B, Lq] padded queries
-    block_tables: torch.Tensor  # [B * nb] the blocks holding each sequence's context
+    block_tables: torch.Tensor  # [B * nb] each sequence's context blocks (after the shared ones)
+    shared_blocks: torch.Tensor | None  # leading blocks every sequence holds (decode only)
     masks: dict                 # window (None = full) -> additive float [B, 1, Lq * g, nb * block_size]
     out_src: torch.Tensor | None  # flat index into B*Lq of real queries (None: no padding)
     out_dst: torch.Tensor | slice  # their packed-token index
@@ -229,7 +230,10 @@ def _build_group(rows, lengths, starts, first_token, tables, spec: _GroupSpec) -
     # Padded query slots repeat the sequence's last token: finite output, then discarded.
     offset = np.minimum(j[None, :], lengths[:, None] - 1)
     query_index = first_token[:, None] + offset
-    block_tables = np.ascontiguousarray(tables[rows][:, :num_ctx_blocks])
+    block_tables = tables[rows][:, :num_ctx_blocks]
+    num_shared = _num_shared_blocks(block_tables, starts, spec.block_size, q_len)
+    shared = torch.from_numpy(block_tables[0, :num_shared].copy()).to(device) if num_shared else None
+    block_tables = np.ascontiguousarray(block_tables[:, num_shared:])
     masks = _masks(starts[:, None] + offset, num_ctx_blocks * spec.block_size, spec)
     valid = j[None, :] < lengths[:, None]
     num_tokens = int(lengths.sum())
@@ -241,8 +245,17 @@ def _build_group(rows, lengths, starts, first_token, tables, spec: _GroupSpec) -
         index = torch.from_numpy(query_index.ravel()).to(device)
         out_src = torch.from_numpy(np.flatnonzero(valid.ravel())).to(device)
         out_dst = torch.from_numpy(query_index[valid]).to(device)
-    return AttentionGroup(index, torch.from_numpy(block_tables.ravel()).to(device), masks,
+    return AttentionGroup(index, torch.from_numpy(block_tables.ravel()).to(device), shared, masks,
                           out_src, out_dst, len(rows), q_len)
+
+
+def _num_shared_blocks(block_tables: np.ndarray, starts: np.ndarray, block_size: int, q_len: int) -> int:
+    """Leading blocks that every sequence of a decode group holds (a cached shared prefix)."""
+    if q_len != 1 or len(block_tables) < 2:
+        return 0
+    same = (block_tables == block_tables[:1]).all(axis=0)
+    shared = len(same) if same.all() else int(np.argmin(same))
+    return min(shared, int(starts.min()) // block_size)
 
 
 def _masks(q_pos: np.ndarray, kv_len: int, spec: _GroupSpec) -> dict:
@@ -269,6 +282,9 @@ def paged_attention(q, k_pool, v_pool, meta: AttentionMetadata, window, block_si
     v_blocks = v_pool.view(-1, block_size * num_kv_heads * head_dim)
     for g in meta.groups:
         q_sel = q[g.query_index] if isinstance(g.query_index, slice) else q.index_select(0, g.query_index)
+        if g.shared_blocks is not None:
+            out[g.out_dst] = shared_prefix_decode(q_sel, k_blocks, v_blocks, g, g.masks[window], num_kv_heads)
+            continue
         qg = (q_sel.view(g.batch, g.q_len, num_kv_heads, group_size, head_dim)
               .transpose(1, 2).reshape(g.batch, num_kv_heads, g.q_len * group_size, head_dim))
         # Gathering whole blocks copies contiguous chunks: far cheaper than per-slot indexing.
@@ -279,6 +295,31 @@ def paged_attention(q, k_pool, v_pool, meta: AttentionMetadata, window, block_si
                .reshape(g.batch * g.q_len, q.shape[1], head_dim))
         out[g.out_dst] = res if g.out_src is None else res[g.out_src]
     return out
+
+
+def shared_prefix_decode(q, k_blocks, v_blocks, g: AttentionGroup, mask, num_kv_heads: int):
+    """Decode attention when every sequence shares leading blocks (a common system prompt).
+
+    The shared blocks are gathered once and scored for the whole batch with one matmul per
+    KV head, instead of being copied once per sequence; only each sequence's own blocks are
+    gathered per sequence. One softmax over both parts keeps it exact attention.
+    """
+    batch, heads, head_dim = q.shape
+    group_size = heads // num_kv_heads
+    qh = q.view(batch, num_kv_heads, group_size, head_dim) * head_dim ** -0.5
+    ks = k_blocks.index_select(0, g.shared_blocks).view(-1, num_kv_heads, head_dim)
+    vs = v_blocks.index_select(0, g.shared_blocks).view(-1, num_kv_heads, head_dim)
+    ko = k_blocks.index_select(0, g.block_tables).view(batch, -1, num_kv_heads, head_dim)
+    vo = v_blocks.index_select(0, g.block_tables).view(batch, -1, num_kv_heads, head_dim)
+    rows = qh.permute(1, 0, 2, 3).reshape(num_kv_heads, batch * group_size, head_dim)
+    shared_len = ks.shape[0]
+    s_shared = torch.matmul(rows, ks.permute(1, 2, 0)).view(num_kv_heads, batch, group_size, shared_len)
+    s_own = torch.matmul(qh, ko.permute(0, 2, 3, 1))
+    probs = (torch.cat((s_shared.permute(1, 0, 2, 3), s_own), dim=-1) + mask).softmax(dim=-1)
+    p_shared = probs[..., :shared_len].permute(1, 0, 2, 3).reshape(num_kv_heads, batch * group_size, shared_len)
+    out = torch.matmul(p_shared, vs.permute(1, 0, 2)).view(num_kv_heads, batch, group_size, head_dim)
+    out = out.permute(1, 0, 2, 3) + torch.matmul(probs[..., shared_len:], vo.permute(0, 2, 1, 3))
+    return out.reshape(batch, heads, head_dim)
 
 
 # ----------------------------------------------------------------------------- layers

@@ -297,3 +297,21 @@ def test_workload_larger_than_pool(llama_dir):
     assert_matches_hf(llama_dir, prompts + prompts[::-1], outs, 10)
     assert_matches_hf(llama_dir, prompts, ref, 10)
     assert_no_leak(llm)
+
+
+def test_decode_attends_shared_prefix_once_for_the_batch(llama_dir, monkeypatch):
+    """Sequences decoding over the same cached prefix blocks use the shared-prefix path
+    (the prefix gathered once for the batch), and their tokens stay HF's."""
+    import model
+
+    calls = []
+    real = model.shared_prefix_decode
+    monkeypatch.setattr(model, "shared_prefix_decode", lambda *a: calls.append(a[3].batch) or real(*a))
+    prefix = random_prompt(48, seed=90)
+    prompts = [prefix + random_prompt(3 + 4 * i, seed=91 + i) for i in range(5)]
+    llm = make_llm(llama_dir, block_size=8)
+    llm.generate([prefix + [5]], SamplingParams(max_tokens=1, **GREEDY), use_tqdm=False)  # cache it
+    outs = llm.generate(prompts, SamplingParams(max_tokens=12, **GREEDY), use_tqdm=False)
+    assert calls and max(calls) == 5
+    assert_matches_hf(llama_dir, prompts, outs, 12)
+    assert_no_leak(llm)
