@@ -177,6 +177,7 @@ class AttentionGroup:
     out_dst: torch.Tensor | slice  # their packed-token index
     batch: int
     q_len: int
+    fresh: bool = False  # one sequence computing positions [0, q_len): its K/V are this step's
 
 
 @dataclass
@@ -197,10 +198,14 @@ class AttentionMetadata:
         seq_of_token = np.repeat(np.arange(len(chunks)), lengths)
         positions = np.arange(lengths.sum()) - first_token[seq_of_token] + starts[seq_of_token]
         slots = tables[seq_of_token, positions // block_size] * block_size + positions % block_size
-        is_decode = lengths == 1
         spec = _GroupSpec(block_size, windows, queries_per_kv, dtype, device)
+        # Decode tokens batch well; a prompt chunk from position 0 gets its own causal call (no
+        # padding, half the scores skipped); chunks after a cached or computed prefix share one.
+        fresh = (lengths > 1) & (starts == 0)
+        selections = [lengths == 1, (lengths > 1) & (starts > 0)]
+        selections += [np.arange(len(chunks)) == i for i in np.flatnonzero(fresh)]
         groups = [_build_group(np.flatnonzero(sel), lengths, starts, first_token, tables, spec)
-                  for sel in (is_decode, ~is_decode) if sel.any()]
+                  for sel in selections if sel.any()]
         return cls(torch.from_numpy(positions).to(device), torch.from_numpy(slots).to(device),
                    groups)
 
@@ -234,7 +239,10 @@ def _build_group(rows, lengths, starts, first_token, tables, spec: _GroupSpec) -
     num_shared = _num_shared_blocks(block_tables, starts, spec.block_size, q_len)
     shared = torch.from_numpy(block_tables[0, :num_shared].copy()).to(device) if num_shared else None
     block_tables = np.ascontiguousarray(block_tables[:, num_shared:])
-    masks = _masks(starts[:, None] + offset, num_ctx_blocks * spec.block_size, spec)
+    fresh = len(rows) == 1 and starts[0] == 0 and q_len > 1
+    # A fresh chunk needs masks only for sliding windows: full layers run is_causal.
+    windows = {w for w in spec.windows if w is not None} if fresh else spec.windows
+    masks = _masks(starts[:, None] + offset, num_ctx_blocks * spec.block_size, spec, windows)
     valid = j[None, :] < lengths[:, None]
     num_tokens = int(lengths.sum())
     if valid.all() and np.array_equal(query_index.ravel(), np.arange(num_tokens) + first_token[0]):
@@ -246,7 +254,7 @@ def _build_group(rows, lengths, starts, first_token, tables, spec: _GroupSpec) -
         out_src = torch.from_numpy(np.flatnonzero(valid.ravel())).to(device)
         out_dst = torch.from_numpy(query_index[valid]).to(device)
     return AttentionGroup(index, torch.from_numpy(block_tables.ravel()).to(device), shared, masks,
-                          out_src, out_dst, len(rows), q_len)
+                          out_src, out_dst, len(rows), q_len, fresh)
 
 
 def _num_shared_blocks(block_tables: np.ndarray, starts: np.ndarray, block_size: int, q_len: int) -> int:
@@ -258,14 +266,14 @@ def _num_shared_blocks(block_tables: np.ndarray, starts: np.ndarray, block_size:
     return min(shared, int(starts.min()) // block_size)
 
 
-def _masks(q_pos: np.ndarray, kv_len: int, spec: _GroupSpec) -> dict:
+def _masks(q_pos: np.ndarray, kv_len: int, spec: _GroupSpec, windows: set) -> dict:
     """Additive masks per window, built once per step: whole blocks are gathered, so any
     position past a sequence's context is simply in its future."""
     q_pos = torch.from_numpy(q_pos).to(spec.device)
     k_pos = torch.arange(kv_len, device=spec.device)
     causal = k_pos[None, None, :] <= q_pos[:, :, None]
     masks = {}
-    for window in spec.windows:
+    for window in windows:
         allowed = causal if window is None else causal & (k_pos[None, None, :] > q_pos[:, :, None] - window)
         allowed = allowed.repeat_interleave(spec.queries_per_kv, dim=1)  # GQA rows
         mask = torch.zeros(allowed.shape, dtype=spec.dtype, device=spec.device)
@@ -273,8 +281,8 @@ def _masks(q_pos: np.ndarray, kv_len: int, spec: _GroupSpec) -> dict:
     return masks
 
 
-def paged_attention(q, k_pool, v_pool, meta: AttentionMetadata, window, block_size: int):
-    """q: [T, H, D]; pools: [slots, KVH, D] with this step's K/V already written."""
+def paged_attention(q, k, v, k_pool, v_pool, meta: AttentionMetadata, window, block_size: int):
+    """q: [T, H, D]; k, v: this step's [T, KVH, D], already written into the pools [slots, KVH, D]."""
     out = torch.empty_like(q)
     num_kv_heads, head_dim = k_pool.shape[1:]
     group_size = q.shape[1] // num_kv_heads
@@ -282,6 +290,9 @@ def paged_attention(q, k_pool, v_pool, meta: AttentionMetadata, window, block_si
     v_blocks = v_pool.view(-1, block_size * num_kv_heads * head_dim)
     for g in meta.groups:
         q_sel = q[g.query_index] if isinstance(g.query_index, slice) else q.index_select(0, g.query_index)
+        if g.fresh and window not in g.masks:
+            out[g.out_dst] = _causal_prefill(q_sel, k[g.query_index], v[g.query_index])
+            continue
         if g.shared_blocks is not None:
             out[g.out_dst] = shared_prefix_decode(q_sel, k_blocks, v_blocks, g, g.masks[window], num_kv_heads)
             continue
@@ -295,6 +306,15 @@ def paged_attention(q, k_pool, v_pool, meta: AttentionMetadata, window, block_si
                .reshape(g.batch * g.q_len, q.shape[1], head_dim))
         out[g.out_dst] = res if g.out_src is None else res[g.out_src]
     return out
+
+
+def _causal_prefill(q, k, v):
+    """A prompt chunk from position 0 attends only to itself: no gather, no mask, and the
+    causal kernel skips the upper half of the scores."""
+    res = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                         v.transpose(0, 1)[None], is_causal=True,
+                                         enable_gqa=k.shape[1] != q.shape[1])
+    return res[0].transpose(0, 1)
 
 
 def shared_prefix_decode(q, k_blocks, v_blocks, g: AttentionGroup, mask, num_kv_heads: int):
@@ -364,7 +384,7 @@ class Attention(nn.Module):
         k_pool, v_pool = kv.k[self.layer], kv.v[self.layer]
         k_pool.index_copy_(0, meta.slot_mapping, k)
         v_pool.index_copy_(0, meta.slot_mapping, v)
-        out = paged_attention(q, k_pool, v_pool, meta, self.window, kv.block_size)
+        out = paged_attention(q, k, v, k_pool, v_pool, meta, self.window, kv.block_size)
         return self.o_proj(out.flatten(1))
 
 
