@@ -281,26 +281,25 @@ def _masks(q_pos: np.ndarray, kv_len: int, spec: _GroupSpec, windows: set) -> di
     return masks
 
 
-def paged_attention(q, k, v, k_pool, v_pool, meta: AttentionMetadata, window, block_size: int):
-    """q: [T, H, D]; k, v: this step's [T, KVH, D], already written into the pools [slots, KVH, D]."""
+def paged_attention(q, k, v, kv, layer: int, meta: AttentionMetadata, window):
+    """q: [T, H, D]; k, v: this step's [T, KVH, D], already written into the pool ``kv``."""
     out = torch.empty_like(q)
-    num_kv_heads, head_dim = k_pool.shape[1:]
+    num_kv_heads, head_dim = k.shape[1:]
     group_size = q.shape[1] // num_kv_heads
-    k_blocks = k_pool.view(-1, block_size * num_kv_heads * head_dim)
-    v_blocks = v_pool.view(-1, block_size * num_kv_heads * head_dim)
     for g in meta.groups:
         q_sel = q[g.query_index] if isinstance(g.query_index, slice) else q.index_select(0, g.query_index)
         if g.fresh and window not in g.masks:
             out[g.out_dst] = _causal_prefill(q_sel, k[g.query_index], v[g.query_index])
             continue
         if g.shared_blocks is not None:
-            out[g.out_dst] = shared_prefix_decode(q_sel, k_blocks, v_blocks, g, g.masks[window], num_kv_heads)
+            out[g.out_dst] = shared_prefix_decode(q_sel, kv, layer, g, g.masks[window])
             continue
         qg = (q_sel.view(g.batch, g.q_len, num_kv_heads, group_size, head_dim)
               .transpose(1, 2).reshape(g.batch, num_kv_heads, g.q_len * group_size, head_dim))
         # Gathering whole blocks copies contiguous chunks: far cheaper than per-slot indexing.
-        kg = k_blocks.index_select(0, g.block_tables).view(g.batch, -1, num_kv_heads, head_dim).transpose(1, 2)
-        vg = v_blocks.index_select(0, g.block_tables).view(g.batch, -1, num_kv_heads, head_dim).transpose(1, 2)
+        kg, vg = kv.gather(layer, g.block_tables, "context")
+        kg = kg.view(g.batch, -1, num_kv_heads, head_dim).transpose(1, 2)
+        vg = vg.view(g.batch, -1, num_kv_heads, head_dim).transpose(1, 2)
         res = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.masks[window])
         res = (res.view(g.batch, num_kv_heads, g.q_len, group_size, head_dim).transpose(1, 2)
                .reshape(g.batch * g.q_len, q.shape[1], head_dim))
@@ -317,7 +316,7 @@ def _causal_prefill(q, k, v):
     return res[0].transpose(0, 1)
 
 
-def shared_prefix_decode(q, k_blocks, v_blocks, g: AttentionGroup, mask, num_kv_heads: int):
+def shared_prefix_decode(q, kv, layer: int, g: AttentionGroup, mask):
     """Decode attention when every sequence shares leading blocks (a common system prompt).
 
     The shared blocks are gathered once and scored for the whole batch with one matmul per
@@ -325,12 +324,13 @@ def shared_prefix_decode(q, k_blocks, v_blocks, g: AttentionGroup, mask, num_kv_
     gathered per sequence. One softmax over both parts keeps it exact attention.
     """
     batch, heads, head_dim = q.shape
+    ks, vs = kv.gather(layer, g.shared_blocks, "shared")
+    ko, vo = kv.gather(layer, g.block_tables, "context")
+    num_kv_heads = ks.shape[1]
     group_size = heads // num_kv_heads
     qh = q.view(batch, num_kv_heads, group_size, head_dim) * head_dim ** -0.5
-    ks = k_blocks.index_select(0, g.shared_blocks).view(-1, num_kv_heads, head_dim)
-    vs = v_blocks.index_select(0, g.shared_blocks).view(-1, num_kv_heads, head_dim)
-    ko = k_blocks.index_select(0, g.block_tables).view(batch, -1, num_kv_heads, head_dim)
-    vo = v_blocks.index_select(0, g.block_tables).view(batch, -1, num_kv_heads, head_dim)
+    ko = ko.view(batch, -1, num_kv_heads, head_dim)
+    vo = vo.view(batch, -1, num_kv_heads, head_dim)
     rows = qh.permute(1, 0, 2, 3).reshape(num_kv_heads, batch * group_size, head_dim)
     shared_len = ks.shape[0]
     s_shared = torch.matmul(rows, ks.permute(1, 2, 0)).view(num_kv_heads, batch, group_size, shared_len)
@@ -381,10 +381,9 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        k_pool, v_pool = kv.k[self.layer], kv.v[self.layer]
-        k_pool.index_copy_(0, meta.slot_mapping, k)
-        v_pool.index_copy_(0, meta.slot_mapping, v)
-        out = paged_attention(q, k, v, k_pool, v_pool, meta, self.window, kv.block_size)
+        kv.k[self.layer].index_copy_(0, meta.slot_mapping, k)
+        kv.v[self.layer].index_copy_(0, meta.slot_mapping, v)
+        out = paged_attention(q, k, v, kv, self.layer, meta, self.window)
         return self.o_proj(out.flatten(1))
 
 
