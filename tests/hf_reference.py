@@ -7,8 +7,6 @@ decoding produces varied tokens instead of collapsing onto one id.
 from __future__ import annotations
 
 import functools
-import json
-import os
 from dataclasses import dataclass, field
 
 import torch

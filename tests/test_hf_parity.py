@@ -8,7 +8,6 @@ within 1e-3 (a near-tie), and most positions must actually be compared.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 
 import pytest
