@@ -173,11 +173,11 @@ class LLM:
 
     def _chain_hash(self, tokens, prev_hash: int, start: int, end: int) -> int:
         """xxhash of token ids [start, end) as little-endian int64 bytes, seeded with the
-        previous block's hash. ``tokens``: the sequence's ``token_bytes()`` (the hot path,
-        sliced without copying ids), or any list / array of ids."""
+        previous block's hash. ``tokens``: the sequence's ``token_view()`` (the hot path: a
+        view of its id buffer, so only the block's bytes are copied), or any list / array."""
         self._counters["hash_computations"] += 1
-        if isinstance(tokens, bytes):
-            block = tokens[start * TOKEN_BYTES:end * TOKEN_BYTES]
+        if isinstance(tokens, memoryview):
+            block = tokens[start:end].tobytes()
         else:
             block = np.asarray(tokens[start:end], dtype=TOKEN_DTYPE).tobytes()
         return self._hash_fn(block, prev_hash)
@@ -188,14 +188,14 @@ class LLM:
         first = len(hashes) * bs
         if first + bs > seq.num_tokens:
             return
-        tokens, prev = seq.token_bytes(), seq._prev_hash
+        tokens, prev = seq.token_view(), seq._prev_hash
         for start in range(first, seq.num_tokens - bs + 1, bs):
             prev = self._chain_hash(tokens, prev, start, start + bs)
             hashes.append(prev)
 
     def _rebuild_chain(self, seq: Sequence) -> list[int]:
         """The "before" column: hash every full block from scratch (N calls per lookup)."""
-        bs, tokens = self.block_size, seq.token_bytes()
+        bs, tokens = self.block_size, seq.token_view()
         hashes, prev = [], seq.root_hash
         for start in range(0, seq.num_tokens - bs + 1, bs):
             prev = self._chain_hash(tokens, prev, start, start + bs)
@@ -275,7 +275,7 @@ class LLM:
                 self._precompute_block_hashes(seq)
             return seq._block_hashes[index]
         del seq._block_hashes[index:]
-        h = self._chain_hash(seq.token_bytes(), seq._prev_hash, end - self.block_size, end)
+        h = self._chain_hash(seq.token_view(), seq._prev_hash, end - self.block_size, end)
         seq._block_hashes.append(h)
         return h
 

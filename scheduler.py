@@ -133,8 +133,12 @@ class Sequence:
         self.tokens[self.num_tokens] = token_id
         self.num_tokens += 1
 
+    def token_view(self) -> memoryview:
+        """The id buffer as a zero-copy view: hashing a block copies only that block's ids."""
+        return memoryview(self.tokens)
+
     def token_bytes(self) -> bytes:
-        """All token ids as bytes, copied once so blocks can be hashed and checked by slicing."""
+        """All token ids as bytes, copied once per lookup so blocks are checked by slicing."""
         return self.tokens[:self.num_tokens].tobytes()
 
     def block_bytes(self, index: int, block_size: int) -> bytes:
