@@ -199,8 +199,12 @@ def show_blocks(llm: LLM, title: str) -> None:
         print(f"  seq {seq.request_id:>3s}: {seq.num_computed_tokens:>4d}/{seq.num_tokens:<4d} tokens computed, "
               f"blocks {_ranges(seq.block_table)}")
     shared = {b: o for b, o in owners.items() if len(o) > 1}
+    by_owners: dict[tuple, list[int]] = {}
+    for block_id, seqs in shared.items():
+        by_owners.setdefault(tuple(seqs), []).append(block_id)
     print(f"  shared blocks: {len(shared)}" + "".join(
-        f"\n    block {b:>4d}: seqs {', '.join(o)}" for b, o in list(shared.items())[:8]))
+        f"\n    blocks {_ranges(sorted(ids))} shared by seqs {', '.join(seqs)}"
+        for seqs, ids in by_owners.items()))
     cells = ["S" if b.block_id in shared else "U" if b.ref_count else "c" if b.block_hash is not None
              else "." for b in bm.blocks]
     print("  map (S shared, U in use by one, c cached-and-free, . free):")
