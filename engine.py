@@ -12,6 +12,7 @@ runnable: the whole chain is rebuilt on every lookup and hashed again when savin
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -306,20 +307,27 @@ class LLM:
         params = sampling_params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling_params must be SamplingParams, got {type(params).__name__}")
+        if isinstance(prompt, dict) and prompt.get("cache_salt") is not None:
+            params = dataclasses.replace(params, cache_salt=prompt["cache_salt"])  # vLLM's per-prompt salt
         token_ids = self._tokenize(prompt)
         self._validate_prompt(token_ids, params)
         seq = Sequence(token_ids, params)
-        seq.prompt_text = prompt if isinstance(prompt, str) else None
+        text = prompt.get("prompt") if isinstance(prompt, dict) else prompt
+        seq.prompt_text = text if isinstance(text, str) else None
         return seq
 
     def _tokenize(self, prompt) -> np.ndarray:
+        """A string, a list / array / tensor of ids, or a vLLM-style dict with ``prompt`` or
+        ``prompt_token_ids`` (and optionally ``cache_salt``)."""
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" not in prompt and "prompt" not in prompt:
+                raise ValueError("a dict prompt needs 'prompt' (text) or 'prompt_token_ids'")
+            prompt = prompt.get("prompt_token_ids", prompt.get("prompt"))
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("a text prompt needs a tokenizer, but the checkpoint has none; "
                                  "pass token ids instead")
             prompt = self.tokenizer(prompt)["input_ids"]
-        elif isinstance(prompt, dict) and "prompt_token_ids" in prompt:
-            prompt = prompt["prompt_token_ids"]
         elif isinstance(prompt, torch.Tensor):
             prompt = prompt.cpu().numpy()
         token_ids = np.asarray(prompt)

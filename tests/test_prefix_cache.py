@@ -315,3 +315,16 @@ def test_decode_attends_shared_prefix_once_for_the_batch(llama_dir, monkeypatch)
     assert calls and max(calls) == 5
     assert_matches_hf(llama_dir, prompts, outs, 12)
     assert_no_leak(llm)
+
+
+def test_cache_salt_in_a_vllm_style_prompt_dict(llama_dir):
+    llm = make_llm(llama_dir, block_size=8)
+    prompt = random_prompt(40, seed=9)
+    params = SamplingParams(max_tokens=3, **GREEDY)
+    first = llm.generate([{"prompt_token_ids": prompt, "cache_salt": "a"}], params, use_tqdm=False)
+    llm.generate([{"prompt_token_ids": prompt, "cache_salt": "b"}], params, use_tqdm=False)
+    assert llm.stats()["prefix_cache_hits"] == 0
+    again = llm.generate([{"prompt_token_ids": prompt, "cache_salt": "a"}], params, use_tqdm=False)
+    assert llm.stats()["prefix_cache_hits"] == 32
+    assert again[0].token_ids == first[0].token_ids
+    assert_no_leak(llm)
