@@ -17,7 +17,7 @@ import json
 import os
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -26,9 +26,17 @@ import xxhash
 
 from block_manager import Block, BlockManager, KVCachePool
 from model import SeqChunk, load_model
+from outputs import CompletionOutput, RequestOutput
 from sampler import Sampler
-from scheduler import (TOKEN_BYTES, TOKEN_DTYPE, SamplingParams, ScheduledChunk, Scheduler,
-                       SchedulerConfig, Sequence)
+from sampling_params import SamplingParams
+from scheduler import (
+    TOKEN_BYTES,
+    TOKEN_DTYPE,
+    ScheduledChunk,
+    Scheduler,
+    SchedulerConfig,
+    Sequence,
+)
 
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Sequence"]
 
@@ -66,43 +74,6 @@ class EngineConfig:
             raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
         if self.hash_strategy not in HASH_STRATEGIES:
             raise ValueError(f"hash_strategy must be one of {HASH_STRATEGIES}, got {self.hash_strategy!r}")
-
-
-@dataclass
-class CompletionOutput:
-    index: int
-    text: str | None
-    token_ids: list[int]
-    finish_reason: str | None
-    logprobs: list[dict[int, float]] | None = None
-
-
-@dataclass
-class RequestOutput:
-    """One finished request, shaped like vLLM's (``.outputs[0]``) with shortcuts to it."""
-
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    outputs: list[CompletionOutput]
-    finished: bool = True
-    metrics: dict = field(default_factory=dict)
-
-    @property
-    def token_ids(self) -> list[int]:
-        return self.outputs[0].token_ids
-
-    @property
-    def text(self) -> str | None:
-        return self.outputs[0].text
-
-    @property
-    def finish_reason(self) -> str | None:
-        return self.outputs[0].finish_reason
-
-    @property
-    def logprobs(self):
-        return self.outputs[0].logprobs
 
 
 class LLM:
