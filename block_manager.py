@@ -8,13 +8,14 @@ A block is in exactly one of three states:
                      memory is needed (then it is evicted, least recently used first);
 * in use          -- ref_count > 0, held by that many block tables.
 
-The prefix-cache map (hash -> block) lives here because eviction, which happens when a free
-block is popped for reuse, must drop the block's old entry. The engine decides *what* to look
-up and register (engine.py, the chapter's ``_lookup_prefix_cache`` / ``_save_prefix_cache``).
+The hash -> block map itself is the prefix cache's (prefix_cache.py, the chapter): when a
+free block that still carries a hash is popped for reuse, ``allocate`` hands it to the
+``on_evict`` hook the prefix cache installs, which drops the map's entry.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -37,6 +38,10 @@ class Block:
     prev: Block | None = None
     next: Block | None = None
     in_free_queue: bool = False
+
+    def set_identity(self, block_hash: int, token_bytes: bytes, parent: tuple[int, int] | None,
+                     salt: str | None) -> None:
+        self.block_hash, self.token_bytes, self.parent, self.salt = block_hash, token_bytes, parent, salt
 
     def forget_identity(self) -> None:
         self.block_hash = None
@@ -106,12 +111,6 @@ class FreeBlockQueue:
     def __len__(self) -> int:
         return self.size
 
-    def __iter__(self):
-        block = self.head
-        while block is not None:
-            yield block
-            block = block.next
-
 
 class KVCachePool:
     """The K/V tensors: ``[num_layers, num_blocks * block_size, num_kv_heads, head_dim]`` each.
@@ -156,7 +155,7 @@ class KVCachePool:
 
 
 class BlockManager:
-    """Allocates, shares and frees blocks; owns the hash -> block map of the prefix cache."""
+    """Allocates, shares and frees blocks; LRU order of free blocks decides what is evicted."""
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         if num_blocks < 1:
@@ -166,8 +165,8 @@ class BlockManager:
         self.free_queue = FreeBlockQueue()
         for block in self.blocks:
             self.free_queue.push_back(block)
-        self.cached_blocks: dict[int, Block] = {}
-        self.num_evictions = 0
+        # Called with a free block that still carries a hash, just before it is reused.
+        self.on_evict: Callable[[Block], None] = Block.forget_identity
 
     @property
     def num_blocks(self) -> int:
@@ -190,13 +189,10 @@ class BlockManager:
         return num_new_blocks + taken_from_free <= self.num_free_blocks
 
     def allocate(self) -> Block:
-        """Pop the least recently used free block; evict its cached identity if it had one."""
+        """Pop the least recently used free block, evicting the cached identity it still has."""
         block = self.free_queue.pop_front()
         if block.block_hash is not None:
-            if self.cached_blocks.get(block.block_hash) is block:
-                del self.cached_blocks[block.block_hash]
-            block.forget_identity()
-            self.num_evictions += 1
+            self.on_evict(block)
         block.ref_count = 1
         block.generation += 1
         return block
@@ -207,9 +203,13 @@ class BlockManager:
             self.free_queue.remove(block)
         block.ref_count += 1
 
-    def free(self, block_table: list[int]) -> None:
-        """Drop one reference per block, tail first, so a shared head survives eviction longest."""
-        for block_id in reversed(block_table):
+    def free(self, block_ids: list[int]) -> None:
+        """Drop one reference per block, tail first, so a shared head survives eviction longest.
+
+        A block that keeps a hash goes to the back of the free queue (most recently used); one
+        without goes to the front, since reusing it costs nothing.
+        """
+        for block_id in reversed(block_ids):
             block = self.blocks[block_id]
             if block.ref_count <= 0:
                 raise RuntimeError(f"double free of KV block {block_id}")
@@ -219,23 +219,3 @@ class BlockManager:
                     self.free_queue.push_front(block)
                 else:
                     self.free_queue.push_back(block)
-
-    def cache_block(self, block: Block, block_hash: int, token_bytes: bytes,
-                    parent: tuple[int, int] | None, salt: str | None) -> bool:
-        """Register a block whose K/V are written. False if the hash already names a block
-        (an identical block computed in the same step, or a collision): the first one stays."""
-        if block_hash in self.cached_blocks or block.block_hash is not None:
-            return False
-        block.block_hash = block_hash
-        block.token_bytes = token_bytes
-        block.parent = parent
-        block.salt = salt
-        self.cached_blocks[block_hash] = block
-        return True
-
-    def reset_prefix_cache(self) -> None:
-        """Forget every cached-and-free block (in-use blocks keep serving their sequences)."""
-        for block in list(self.cached_blocks.values()):
-            if block.ref_count == 0:
-                del self.cached_blocks[block.block_hash]
-                block.forget_identity()

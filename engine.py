@@ -1,18 +1,15 @@
-"""The engine of step14_5: ``LLM``, its step loop, and the paged prefix cache on an incremental hash.
+"""The engine of step14_5: ``LLM`` and its step loop.
 
 One engine step: schedule -> one model forward for every scheduled token -> sample ->
-append -> free finished sequences. Full blocks are named by a chain hash (xxhash of the
-previous block's hash and the block's token ids); the prefix cache maps hash -> block so a
-new request with a known prefix skips that part of its prefill.
-
-The chapter's point: the chain lives on each ``Sequence`` (``_block_hashes``, ``_prev_hash``),
-so ``_lookup_prefix_cache`` is dict probes only and ``_save_prefix_cache`` reuses the hash
-the sequence already has. ``hash_strategy="recompute"`` keeps the chapter's "before" column
-runnable: the whole chain is rebuilt on every lookup and hashed again when saving.
+commit (advance each sequence, cache the blocks it filled) -> append tokens -> return the
+finished requests. The chapter itself -- the chain hash, the lookup, the save -- lives in
+prefix_cache.py; the scheduler (scheduler.py) calls it when it admits a sequence and when
+it commits a step. ``hash_strategy="recompute"`` keeps the chapter's "before" column
+runnable; it changes how hashes are obtained and nothing else.
 """
 from __future__ import annotations
 
-import dataclasses
+import itertools
 import json
 import os
 import time
@@ -22,25 +19,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import xxhash
 
-from block_manager import Block, BlockManager, KVCachePool
+from block_manager import BlockManager, KVCachePool
 from model import SeqChunk, load_model
 from outputs import CompletionOutput, RequestOutput
+from prefix_cache import HASH_STRATEGIES, PrefixCache
 from sampler import Sampler
 from sampling_params import SamplingParams
-from scheduler import (
-    TOKEN_BYTES,
-    TOKEN_DTYPE,
-    ScheduledChunk,
-    Scheduler,
-    SchedulerConfig,
-    Sequence,
-)
+from scheduler import ScheduledChunk, Scheduler, SchedulerConfig, Sequence
 
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Sequence"]
-
-HASH_STRATEGIES = ("incremental", "recompute")
 
 
 @dataclass
@@ -85,29 +73,29 @@ class LLM:
             raise TypeError(f"unknown engine argument(s): {', '.join(sorted(unknown))}")
         self.config = EngineConfig(**engine_args)
         self.device = torch.device(self.config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        if self.config.seed is not None:
-            torch.manual_seed(self.config.seed)
-        self.model, hf_config = load_model(model, self.config.dtype, self.device)
+        self.model, _ = load_model(model, self.config.dtype, self.device)
         self.model_config = self.model.config
         self.dtype = next(self.model.parameters()).dtype
         self.tokenizer = _load_tokenizer(Path(model))
         self.eos_token_ids = set(_eos_token_ids(Path(model), self.model_config))
         self.max_model_len = min(self.config.max_model_len or self.model_config.max_position_embeddings,
                                  self.model_config.max_position_embeddings)
-        self.block_size = self.config.block_size
         self.kv_cache = self._allocate_kv_cache()
         self.block_manager = BlockManager(self.num_blocks, self.block_size)
-        self.scheduler = Scheduler(
-            SchedulerConfig(self.config.max_num_seqs, self.config.max_num_batched_tokens,
-                            self.block_size, self.config.enable_prefix_caching),
-            self.block_manager, self._lookup_prefix_cache, self._prefix_in_flight)
+        self.prefix_cache = (PrefixCache(self.block_manager, self.config.hash_strategy)
+                             if self.config.enable_prefix_caching else None)
+        self.scheduler = Scheduler(SchedulerConfig(self.config.max_num_seqs,
+                                                   self.config.max_num_batched_tokens),
+                                   self.block_manager, self.prefix_cache)
         self.sampler = Sampler(self.device, self.config.seed)
-        self.hash_strategy = self.config.hash_strategy
-        self._hash_fn = xxhash.xxh3_64_intdigest  # (data, seed); tests swap in a weak one
-        self._counters = dict(hash_computations=0, prompt_tokens_computed=0,
-                              generation_tokens=0, steps=0)
+        self._counters = dict(generation_tokens=0, steps=0)
+        self._request_ids = itertools.count()
         self._requests: dict[str, Sequence] = {}
         self._unclaimed: list[RequestOutput] = []
+
+    @property
+    def block_size(self) -> int:
+        return self.config.block_size
 
     # ------------------------------------------------------------------ set-up
 
@@ -136,135 +124,9 @@ class LLM:
             return free * self.config.gpu_memory_utilization
         return _available_ram() * self.config.cpu_kv_cache_fraction
 
-    # ------------------------------------------------------------------ the chapter: prefix cache
-
-    @property
-    def _prefix_cache(self) -> dict[int, Block]:
-        """hash -> cached block (owned by the block manager, which evicts entries on reuse)."""
-        return self.block_manager.cached_blocks
-
-    def _chain_hash(self, tokens, prev_hash: int, start: int, end: int) -> int:
-        """xxhash of token ids [start, end) as little-endian int64 bytes, seeded with the
-        previous block's hash. ``tokens``: the sequence's ``token_view()`` (the hot path: a
-        view of its id buffer, so only the block's bytes are copied), or any list / array."""
-        self._counters["hash_computations"] += 1
-        if isinstance(tokens, memoryview):
-            block = tokens[start:end].tobytes()
-        else:
-            block = np.asarray(tokens[start:end], dtype=TOKEN_DTYPE).tobytes()
-        return self._hash_fn(block, prev_hash)
-
-    def _precompute_block_hashes(self, seq: Sequence) -> None:
-        """Extend ``seq``'s chain to all its full blocks; a no-op when it is up to date."""
-        bs, hashes = self.block_size, seq._block_hashes
-        first = len(hashes) * bs
-        if first + bs > seq.num_tokens:
-            return
-        tokens, prev = seq.token_view(), seq._prev_hash
-        for start in range(first, seq.num_tokens - bs + 1, bs):
-            prev = self._chain_hash(tokens, prev, start, start + bs)
-            hashes.append(prev)
-
-    def _rebuild_chain(self, seq: Sequence) -> list[int]:
-        """The "before" column: hash every full block from scratch (N calls per lookup)."""
-        bs, tokens = self.block_size, seq.token_view()
-        hashes, prev = [], seq.root_hash
-        for start in range(0, seq.num_tokens - bs + 1, bs):
-            prev = self._chain_hash(tokens, prev, start, start + bs)
-            hashes.append(prev)
-        return hashes
-
-    def _lookup_prefix_cache(self, seq: Sequence) -> tuple[list[int], int, int]:
-        """Longest verified cached prefix of ``seq``: (block ids, cached tokens, last hash).
-
-        Scans forward and stops at the first miss: the chain makes a later hit impossible,
-        and each hit is checked against the block's tokens and parent (collision-safe).
-        The last token is never served from cache, since its logits are needed.
-        """
-        if self.hash_strategy == "recompute":
-            hashes = self._rebuild_chain(seq)
-        else:
-            self._precompute_block_hashes(seq)
-            hashes = seq._block_hashes
-        max_blocks = min((seq.num_tokens - 1) // self.block_size, len(hashes))
-        tokens, width = seq.token_bytes(), self.block_size * TOKEN_BYTES
-        cached = self._prefix_cache
-        block_ids: list[int] = []
-        parent = None
-        for i in range(max_blocks):
-            block = cached.get(hashes[i])
-            if (block is None or block.parent != parent
-                    or block.token_bytes != tokens[i * width:(i + 1) * width]
-                    or (i == 0 and block.salt != seq.cache_salt)):
-                break
-            block_ids.append(block.block_id)
-            parent = block.lifetime
-        if self.hash_strategy == "recompute":
-            seq._block_hashes = hashes[:len(block_ids)]  # saving hashes the rest again
-        last_hash = hashes[len(block_ids) - 1] if block_ids else 0
-        return block_ids, len(block_ids) * self.block_size, last_hash
-
-    def _prefix_in_flight(self, seq: Sequence, num_cached_blocks: int) -> bool:
-        """True if a running sequence is still computing the block ``seq`` would compute next.
-
-        Admitting ``seq`` now would compute that block twice; one step later it is a hit.
-        """
-        hashes = seq._block_hashes
-        if num_cached_blocks >= len(hashes) or num_cached_blocks >= (seq.num_tokens - 1) // self.block_size:
-            return False
-        h, end = hashes[num_cached_blocks], (num_cached_blocks + 1) * self.block_size
-        return any(other.num_computed_tokens < end and len(other._block_hashes) > num_cached_blocks
-                   and other._block_hashes[num_cached_blocks] == h for other in self.scheduler.running)
-
-    def _save_prefix_cache(self, seq: Sequence, h: int, end: int) -> None:
-        """Register the block ending at token ``end`` (its K/V are written) under hash ``h``.
-
-        If an identical verified block is already cached (same prompt computed in the same
-        step), ``seq`` switches to it and frees its copy, so later blocks chain from one parent.
-        """
-        index = end // self.block_size - 1
-        blocks = self.block_manager.blocks
-        block = blocks[seq.block_table[index]]
-        parent = blocks[seq.block_table[index - 1]] if index > 0 else None
-        if parent is not None and parent.block_hash is None:
-            return  # unreachable by lookups (they walk from cached parents): nothing to register
-        parent_lifetime = parent.lifetime if parent is not None else None
-        token_bytes = seq.block_bytes(index, self.block_size)
-        if self.block_manager.cache_block(block, h, token_bytes, parent_lifetime, seq.cache_salt):
-            return
-        existing = self._prefix_cache.get(h)
-        if (existing is not None and existing is not block and existing.parent == parent_lifetime
-                and existing.token_bytes == token_bytes and existing.salt == seq.cache_salt):
-            self.block_manager.share(existing)
-            self.block_manager.free([block.block_id])
-            seq.block_table[index] = existing.block_id
-
-    def _hash_for_save(self, seq: Sequence, end: int) -> int:
-        """The hash of the block ending at ``end``: reused from the seq, or (recompute) hashed again."""
-        index = end // self.block_size - 1
-        if self.hash_strategy == "incremental":
-            if index >= len(seq._block_hashes):  # a block completed during decode: hashed once
-                self._precompute_block_hashes(seq)
-            return seq._block_hashes[index]
-        del seq._block_hashes[index:]
-        h = self._chain_hash(seq.token_view(), seq._prev_hash, end - self.block_size, end)
-        seq._block_hashes.append(h)
-        return h
-
-    def _do_prefill_step(self, seq: Sequence, num_tokens: int) -> None:
-        """Record a computed chunk (a decode token is a chunk of one) and save each block it filled."""
-        start = seq.num_computed_tokens
-        end = start + num_tokens
-        seq.num_computed_tokens = end
-        self._counters["prompt_tokens_computed"] += max(0, min(end, seq.num_prompt_tokens) - start)
-        if not self.config.enable_prefix_caching:
-            return
-        bs = self.block_size
-        for boundary in range((start // bs + 1) * bs, end + 1, bs):
-            self._save_prefix_cache(seq, self._hash_for_save(seq, boundary), boundary)
-
-    def reset_prefix_cache(self) -> None:
-        self.block_manager.reset_prefix_cache()
+    def reset_prefix_cache(self) -> bool:
+        """Forget cached-and-free blocks; True if the cache is now empty (as vLLM's)."""
+        return self.prefix_cache.reset() if self.prefix_cache else True
 
     # ------------------------------------------------------------------ requests
 
@@ -278,14 +140,13 @@ class LLM:
         params = sampling_params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling_params must be SamplingParams, got {type(params).__name__}")
-        if isinstance(prompt, dict) and prompt.get("cache_salt") is not None:
-            params = dataclasses.replace(params, cache_salt=prompt["cache_salt"])  # vLLM's per-prompt salt
+        salt = _cache_salt(prompt, params)
         token_ids = self._tokenize(prompt)
         self._validate_prompt(token_ids, params)
-        seq = Sequence(token_ids, params)
         text = prompt.get("prompt") if isinstance(prompt, dict) else prompt
-        seq.prompt_text = text if isinstance(text, str) else None
-        return seq
+        root = self.prefix_cache.root_hash(salt) if self.prefix_cache else 0
+        return Sequence(token_ids, params, request_id=str(next(self._request_ids)), cache_salt=salt,
+                        root_hash=root, prompt_text=text if isinstance(text, str) else None)
 
     def _tokenize(self, prompt) -> np.ndarray:
         """A string, a list / array / tensor of ids, or a vLLM-style dict with ``prompt`` or
@@ -363,8 +224,7 @@ class LLM:
         tokens, logprobs = self.sampler(logits, sampled)
         # Commit only once the forward and sampling succeeded: a step that raises leaves every
         # sequence as it was, to be scheduled again.
-        for chunk in chunks:
-            self._do_prefill_step(chunk.seq, chunk.num_tokens)
+        self.scheduler.commit(chunks)
         self._counters["steps"] += 1
         finished = self._append_tokens(sampled, tokens, logprobs)
         return [self._make_output(seq) for seq in finished]
@@ -469,21 +329,31 @@ class LLM:
 
     def stats(self) -> dict:
         """Cumulative counters over this LLM's life (prefix-cache figures in tokens)."""
-        sched = self.scheduler.stats
-        bm = self.block_manager
+        sched, bm, pc = self.scheduler.stats, self.block_manager, self.prefix_cache
         return dict(
             self._counters,
+            hash_computations=pc.hash_computations if pc else 0,
+            prompt_tokens_computed=sched.prompt_tokens_computed,
+            prompt_tokens_cached=sched.prompt_tokens_cached,
             prefix_cache_queries=sched.prefix_cache_queries,
             prefix_cache_hits=sched.prefix_cache_hits,
             prefix_cache_hit_rate=sched.prefix_cache_hits / max(sched.prefix_cache_queries, 1),
-            prompt_tokens_cached=sched.prompt_tokens_cached,
             preemptions=sched.preemptions,
-            evictions=bm.num_evictions,
+            evictions=pc.num_evictions if pc else 0,
             num_blocks=bm.num_blocks,
             blocks_in_use=bm.num_blocks_in_use,
-            blocks_cached=len(bm.cached_blocks),
+            blocks_cached=pc.num_cached_blocks if pc else 0,
             free_blocks=bm.num_free_blocks,
         )
+
+
+def _cache_salt(prompt, params: SamplingParams) -> str | None:
+    """vLLM takes ``cache_salt`` in the prompt dict."""
+    salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
+    salt = salt if salt is not None else getattr(params, "cache_salt", None)
+    if salt is not None and not isinstance(salt, str):
+        raise ValueError(f"cache_salt must be a string, got {type(salt).__name__}")
+    return salt
 
 
 def _as_prompt_list(prompts) -> list:

@@ -125,12 +125,12 @@ def chapter_rows(model: str, args, prompt: list[int], strategy: str) -> dict[str
     """The chapter's table for one strategy, each row counted by the engine itself."""
     llm = LLM(model, hash_strategy=strategy, **engine_args(args))
     params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
-    saving = count_hashes_inside(llm, "_do_prefill_step")
+    saving = count_hashes_inside(llm, llm.prefix_cache, "_do_prefill_step")
     cold = count_hashes(llm, lambda: llm.generate([prompt], params, use_tqdm=False))
     saving_cold = saving["calls"]
     seq = Sequence(prompt)
-    llm._lookup_prefix_cache(seq)
-    again = count_hashes(llm, lambda: llm._lookup_prefix_cache(seq))
+    llm.prefix_cache._lookup_prefix_cache(seq)
+    again = count_hashes(llm, lambda: llm.prefix_cache._lookup_prefix_cache(seq))
     repeated = count_hashes(llm, lambda: llm.generate([prompt], params, use_tqdm=False))
     return {"cold request (lookup + save)": cold, "saving during prefill (cold)": saving_cold,
             "same Sequence looked up again": again, "repeated prompt, new Sequence": repeated}
@@ -142,13 +142,19 @@ def count_hashes(llm: LLM, fn) -> int:
     return llm.stats()["hash_computations"] - before
 
 
-def count_hashes_inside(llm: LLM, method: str) -> dict:
-    """Wrap one engine method so the hash calls made inside it are counted in ``["calls"]``."""
-    original, counted = getattr(llm, method), {"calls": 0}
+def count_hashes_inside(llm: LLM, owner, method: str) -> dict:
+    """Wrap one method so the hash calls made inside it are counted in ``["calls"]``."""
+    original, counted = getattr(owner, method), {"calls": 0}
 
     def wrapped(*a, **kw):
-        counted["calls"] += count_hashes(llm, lambda: original(*a, **kw))
-    setattr(llm, method, wrapped)
+        result = None
+
+        def call():
+            nonlocal result
+            result = original(*a, **kw)
+        counted["calls"] += count_hashes(llm, call)
+        return result
+    setattr(owner, method, wrapped)
     return counted
 
 
@@ -214,7 +220,7 @@ def show_blocks(llm: LLM, title: str) -> None:
     if last + 64 < len(cells):
         print(f"    ... blocks {(last // 64 + 1) * 64}-{len(cells) - 1} are all free")
     print(f"  cached-and-free: {cells.count('c')}, free: {cells.count('.')}, "
-          f"evicted so far: {bm.num_evictions}, waiting requests: {len(llm.scheduler.waiting)}")
+          f"evicted so far: {llm.stats()['evictions']}, waiting requests: {len(llm.scheduler.waiting)}")
 
 
 def _ranges(ids: list[int]) -> str:

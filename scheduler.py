@@ -1,13 +1,17 @@
-"""Requests and their scheduling in step14_5: ``Sequence``, ``SamplingParams`` and the ``Scheduler``.
+"""Requests and their scheduling in step14_5: ``Sequence`` and the ``Scheduler``.
 
 A ``Sequence`` carries the chapter's state: ``_block_hashes`` (one chained hash per full
-block of its tokens, in order) and ``_prev_hash`` (the chain's last value), so the engine
-never rebuilds the chain for a request it has seen.
+block of its tokens, in order) and ``_prev_hash`` (the chain's last value), so the prefix
+cache never rebuilds the chain for a request it has seen. Each field has one writer: the
+engine appends tokens, the scheduler owns the block table, the computed count and the
+status, the prefix cache (prefix_cache.py) owns the chain.
 
 Each step the scheduler first gives every running sequence in decode its one token, then
 fills what is left of the token budget with prefill chunks (continuing ones first, then new
 admissions), so long prompts are split across steps and share forwards with decode tokens.
-When blocks run out it preempts the most recently admitted running sequence.
+Admission takes the cached prefix the prefix cache finds, or waits a step when another
+sequence is computing the block it needs next. When blocks run out it preempts the most
+recently admitted running sequence.
 """
 from __future__ import annotations
 
@@ -15,13 +19,15 @@ import enum
 import itertools
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
-import xxhash
 
-from block_manager import BlockManager
+from block_manager import Block, BlockManager
 from sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from prefix_cache import PrefixCache
 
 # Token ids as fixed-width little-endian bytes: what is hashed, stable across processes.
 TOKEN_DTYPE = np.dtype("<i8")
@@ -40,10 +46,13 @@ class Sequence:
     _next_id = itertools.count()
 
     def __init__(self, token_ids, sampling_params: SamplingParams | None = None,
-                 request_id: str | None = None) -> None:
+                 request_id: str | None = None, cache_salt: str | None = None,
+                 root_hash: int = 0, prompt_text: str | None = None) -> None:
         self.sampling_params = sampling_params or SamplingParams()
-        self.prompt_text: str | None = None  # set when the request came as a string
+        self.prompt_text = prompt_text  # set when the request came as a string
         self.request_id = request_id if request_id is not None else str(next(Sequence._next_id))
+        self.cache_salt = cache_salt
+        self._root_hash = root_hash  # the chain's seed (the salt's hash, from the prefix cache)
         prompt = np.asarray(token_ids, dtype=TOKEN_DTYPE).reshape(-1)
         if prompt.size == 0:
             raise ValueError("empty prompt: a request needs at least one token")
@@ -62,19 +71,9 @@ class Sequence:
         self.finished_time: float | None = None
 
     @property
-    def root_hash(self) -> int:
-        """The chain's starting value: 0, or the cache salt's hash so salts never share blocks."""
-        salt = self.sampling_params.cache_salt
-        return 0 if salt is None else xxhash.xxh3_64_intdigest(salt.encode())
-
-    @property
     def _prev_hash(self) -> int:
         """The chain's last value (derived, so it can never drift from ``_block_hashes``)."""
-        return self._block_hashes[-1] if self._block_hashes else self.root_hash
-
-    @property
-    def cache_salt(self) -> str | None:
-        return self.sampling_params.cache_salt
+        return self._block_hashes[-1] if self._block_hashes else self._root_hash
 
     @property
     def num_output_tokens(self) -> int:
@@ -104,10 +103,6 @@ class Sequence:
         """The id buffer as a zero-copy view: hashing a block copies only that block's ids."""
         return memoryview(self.tokens)
 
-    def token_bytes(self) -> bytes:
-        """All token ids as bytes, copied once per lookup so blocks are checked by slicing."""
-        return self.tokens[:self.num_tokens].tobytes()
-
     def block_bytes(self, index: int, block_size: int) -> bytes:
         """Token ids of block ``index`` as fixed-width bytes (what is hashed and verified)."""
         return self.tokens[index * block_size:(index + 1) * block_size].tobytes()
@@ -121,8 +116,6 @@ class Sequence:
 class SchedulerConfig:
     max_num_seqs: int
     max_num_batched_tokens: int
-    block_size: int
-    enable_prefix_caching: bool
 
 
 @dataclass
@@ -142,23 +135,21 @@ class SchedulerStats:
     prefix_cache_queries: int = 0  # tokens looked up, counted on admission (as vLLM)
     prefix_cache_hits: int = 0     # tokens served from cache
     prompt_tokens_cached: int = 0
-
-
-# (cached block ids, cached token count, last hash) -- the engine's _lookup_prefix_cache
-PrefixLookup = Callable[[Sequence], tuple[list[int], int, int]]
-# (seq, number of cached blocks) -> is another running sequence computing the next one?
-InFlightCheck = Callable[[Sequence, int], bool]
+    prompt_tokens_computed: int = 0
 
 
 @dataclass
 class Scheduler:
     config: SchedulerConfig
     block_manager: BlockManager
-    lookup_prefix_cache: PrefixLookup
-    prefix_in_flight: InFlightCheck
+    prefix_cache: PrefixCache | None  # None: prefix caching off
     waiting: deque = field(default_factory=deque)
     running: list = field(default_factory=list)  # admission order: the tail is preempted first
     stats: SchedulerStats = field(default_factory=SchedulerStats)
+
+    @property
+    def block_size(self) -> int:
+        return self.block_manager.block_size
 
     @property
     def has_unfinished(self) -> bool:
@@ -198,7 +189,7 @@ class Scheduler:
     def _reserve_slot(self, seq: Sequence) -> bool:
         """Make sure the block table covers the next token, preempting from the tail if needed."""
         bm = self.block_manager
-        while len(seq.block_table) * self.config.block_size < seq.num_tokens:
+        while len(seq.block_table) * self.block_size < seq.num_tokens:
             if bm.num_free_blocks > 0:
                 seq.block_table.append(bm.allocate().block_id)
                 continue
@@ -210,30 +201,47 @@ class Scheduler:
 
     def _admit(self, seq: Sequence) -> bool:
         """Take cached blocks and allocate the rest for all of ``seq``'s tokens, or nothing."""
-        bm = self.block_manager
-        cached_ids, cached_len = [], 0
-        if self.config.enable_prefix_caching:
-            cached_ids, cached_len, _ = self.lookup_prefix_cache(seq)
-            if self.prefix_in_flight(seq, len(cached_ids)):
-                return False  # wait a step: the shared block is being written, then it is a hit
-        cached = [bm.blocks[i] for i in cached_ids]
-        num_new = -(-seq.num_tokens // self.config.block_size) - len(cached)
-        if not bm.can_allocate(num_new, cached):
+        match = self.prefix_cache._lookup_prefix_cache(seq) if self.prefix_cache else None
+        if match is not None and match.next_in_flight:
+            return False  # wait a step: the block is being written, then it is a hit
+        cached = match.blocks if match else []
+        num_new = -(-seq.num_tokens // self.block_size) - len(cached)
+        if not self.block_manager.can_allocate(num_new, cached):
             return False
         for block in cached:
-            bm.share(block)
-        seq.block_table = cached_ids + [bm.allocate().block_id for _ in range(num_new)]
-        seq.num_computed_tokens = cached_len
+            self.block_manager.share(block)
+        new = [self.block_manager.allocate() for _ in range(num_new)]
+        seq.block_table = [b.block_id for b in cached + new]
+        seq.num_computed_tokens = match.num_cached_tokens if match else 0
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
-        self._count_admission(seq, cached_len)
+        if match is not None:
+            self.prefix_cache.mark_in_flight(seq, match)
+        self._count_admission(seq)
         return True
 
-    def _count_admission(self, seq: Sequence, cached_len: int) -> None:
-        if self.config.enable_prefix_caching:
+    def _count_admission(self, seq: Sequence) -> None:
+        if self.prefix_cache is not None:
             self.stats.prefix_cache_queries += seq.num_tokens
-            self.stats.prefix_cache_hits += cached_len
-        self.stats.prompt_tokens_cached += min(cached_len, seq.num_prompt_tokens)
+            self.stats.prefix_cache_hits += seq.num_computed_tokens
+        self.stats.prompt_tokens_cached += min(seq.num_computed_tokens, seq.num_prompt_tokens)
+
+    def commit(self, chunks: list[ScheduledChunk]) -> None:
+        """The step's forward succeeded: advance each sequence and cache the blocks it filled."""
+        for chunk in chunks:
+            seq, start = chunk.seq, chunk.seq.num_computed_tokens
+            seq.num_computed_tokens = end = start + chunk.num_tokens
+            self.stats.prompt_tokens_computed += max(0, min(end, seq.num_prompt_tokens) - start)
+            if self.prefix_cache is not None:
+                for index, twin in self.prefix_cache._do_prefill_step(seq, start, end):
+                    self._switch_to_twin(seq, index, twin)
+
+    def _switch_to_twin(self, seq: Sequence, index: int, twin: Block) -> None:
+        """An identical block was cached first (same prompt computed in the same step): share it
+        and free ``seq``'s copy, so later blocks chain from one parent."""
+        self.block_manager.share(twin)
+        self.block_manager.free([seq.block_table[index]])
+        seq.block_table[index] = twin.block_id
 
     def preempt(self, seq: Sequence) -> None:
         """Free ``seq``'s blocks (cached ones stay reusable) and queue it first for recompute."""
@@ -260,5 +268,7 @@ class Scheduler:
 
     def _release(self, seq: Sequence) -> None:
         self.block_manager.free(seq.block_table)
+        if self.prefix_cache is not None:
+            self.prefix_cache.release(seq)
         seq.block_table = []
         seq.num_computed_tokens = 0

@@ -6,7 +6,7 @@ block manager's own structures, and raises ``AssertionError`` naming the first b
 
 * every block is exactly one of
     free             -- ref 0, no hash, in the free queue;
-    cached-and-free  -- ref 0, has a hash, in the free queue, registered in ``cached_blocks``;
+    cached-and-free  -- ref 0, has a hash, in the free queue, registered in the prefix cache;
     in use           -- ref > 0, not in the free queue;
 * a block's ref count equals the number of running sequences' block tables holding it
   (a waiting sequence holds no block, and no table holds a block twice);
@@ -32,7 +32,7 @@ __all__ = ["check_accounting", "assert_idle", "root_hash"]
 
 
 def root_hash(salt: str | None) -> int:
-    """The chain's starting value for a salt (mirrors ``Sequence.root_hash``)."""
+    """The chain's starting value for a salt with the default hash (mirrors ``PrefixCache.root_hash``)."""
     return 0 if salt is None else xxhash.xxh3_64_intdigest(salt.encode())
 
 
@@ -56,6 +56,8 @@ def _free_queue_members(fq, num_blocks: int) -> list:
 
 def check_accounting(llm) -> None:
     bm = llm.block_manager
+    pc = llm.prefix_cache
+    cached_blocks = pc.entries if pc is not None else {}
     sched = llm.scheduler
     bs = llm.block_size
     blocks = bm.blocks
@@ -120,13 +122,13 @@ def check_accounting(llm) -> None:
         if block.ref_count == 0:
             assert block.in_free_queue, f"block {bid} has ref 0 but is not in the free queue"
             if block.block_hash is not None:
-                assert bm.cached_blocks.get(block.block_hash) is block, (
+                assert cached_blocks.get(block.block_hash) is block, (
                     f"block {bid} is free with hash {block.block_hash:#x} but not registered "
                     f"in the prefix cache (a stale identity)")
         else:
             assert not block.in_free_queue, f"block {bid} is in use (ref {block.ref_count}) and free"
             if block.block_hash is not None:
-                assert bm.cached_blocks.get(block.block_hash) is block, (
+                assert cached_blocks.get(block.block_hash) is block, (
                     f"in-use block {bid} has hash {block.block_hash:#x} but is not registered")
         if block.block_hash is None:
             assert block.token_bytes is None and block.parent is None and block.salt is None, (
@@ -135,11 +137,11 @@ def check_accounting(llm) -> None:
     # ---------------------------------------------------------------- the prefix cache
     enabled = llm.config.enable_prefix_caching
     if not enabled:
-        assert not bm.cached_blocks, "prefix caching is off but blocks are registered"
+        assert not cached_blocks, "prefix caching is off but blocks are registered"
         assert all(b.block_hash is None for b in blocks), "prefix caching is off but a block has a hash"
-    assert len(bm.cached_blocks) <= n, "more prefix-cache entries than blocks"
-    hash_fn = getattr(llm, "_hash_fn", None) or (lambda data, seed: xxhash.xxh3_64_intdigest(data, seed=seed))
-    for h, block in bm.cached_blocks.items():
+    assert len(cached_blocks) <= n, "more prefix-cache entries than blocks"
+    hash_fn = pc.hash_fn if pc is not None else None
+    for h, block in cached_blocks.items():
         bid = block.block_id
         assert blocks[bid] is block, f"prefix cache entry {h:#x} points outside the pool"
         assert block.block_hash == h, (
@@ -147,14 +149,14 @@ def check_accounting(llm) -> None:
         assert isinstance(block.token_bytes, bytes) and len(block.token_bytes) == bs * 8, (
             f"cached block {bid} stores {len(block.token_bytes or b'')} token bytes, not one block")
         if block.parent is None:
-            seed = root_hash(block.salt)
+            seed = pc.root_hash(block.salt)
         else:
             parent = blocks[block.parent[0]]
             assert parent.generation == block.parent[1], (
                 f"cached block {bid}: its parent {parent.block_id} was reused since (stale chain)")
             assert parent is not block, f"cached block {bid} is its own parent"
             parent_cached = (parent.block_hash is not None
-                             and bm.cached_blocks.get(parent.block_hash) is parent)
+                             and cached_blocks.get(parent.block_hash) is parent)
             assert parent_cached or parent.ref_count > 0, (
                 f"cached block {bid}: parent {parent.block_id} is neither cached nor in use "
                 f"(dangling chain)")
@@ -167,7 +169,7 @@ def check_accounting(llm) -> None:
             f"cached block {bid}: hash {h:#x} is not the chain hash of its tokens and parent "
             f"{block.parent} (the entry names a prefix the block does not hold)")
     # chains terminate (no cycles through parents)
-    for block in bm.cached_blocks.values():
+    for block in cached_blocks.values():
         steps, b = 0, block
         while b.parent is not None:
             b = blocks[b.parent[0]]
@@ -176,15 +178,15 @@ def check_accounting(llm) -> None:
 
     # in-use blocks: what a running sequence has computed is cached under its own chain
     for seq in running:
-        prev = root_hash(seq.cache_salt)
+        prev = pc.root_hash(seq.cache_salt) if pc else 0
         full = seq.num_computed_tokens // bs
         for i in range(full):
             block = blocks[seq.block_table[i]]
             expect_bytes = seq.tokens[i * bs:(i + 1) * bs].tobytes()
-            prev = hash_fn(expect_bytes, prev)
             if not enabled:
                 continue
-            assert block.block_hash == prev and bm.cached_blocks.get(prev) is block, (
+            prev = hash_fn(expect_bytes, prev)
+            assert block.block_hash == prev and cached_blocks.get(prev) is block, (
                 f"{seq}: computed block {i} (block {block.block_id}) is not cached under the "
                 f"sequence's chain hash")
             assert block.token_bytes == expect_bytes, (
@@ -200,7 +202,7 @@ def check_accounting(llm) -> None:
     in_use = sum(1 for b in blocks if b.ref_count > 0)
     assert stats["blocks_in_use"] == in_use, f"stats say {stats['blocks_in_use']} in use, counted {in_use}"
     assert stats["free_blocks"] == len(members) == n - in_use
-    assert stats["blocks_cached"] == len(bm.cached_blocks)
+    assert stats["blocks_cached"] == len(cached_blocks)
 
 
 def assert_idle(llm) -> None:
@@ -214,7 +216,6 @@ def assert_idle(llm) -> None:
     assert all(b.ref_count == 0 for b in bm.blocks), "a block is in use with nothing running"
     assert len(bm.free_queue) == bm.num_blocks, (
         f"free queue holds {len(bm.free_queue)} of {bm.num_blocks} blocks")
-    assert len(bm.cached_blocks) <= bm.num_blocks
 
 
 # ----------------------------------------------------------------------------- greedy reference
@@ -357,7 +358,8 @@ class FaultInjector:
 def snapshot(llm):
     seqs = {s.request_id: (s.num_tokens, s.output_token_ids, s.num_computed_tokens, s in llm.scheduler.running)
             for s in list(llm.scheduler.running) + list(llm.scheduler.waiting)}
-    return (seqs, dict(llm._counters), set(llm.block_manager.cached_blocks),
+    cached = set(llm.prefix_cache.entries) if llm.prefix_cache else set()
+    return (seqs, llm.stats(), cached,
             llm.scheduler.stats.preemptions)
 
 

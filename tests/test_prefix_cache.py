@@ -39,6 +39,10 @@ def chapter_llm(path, strategy="incremental", **kw):
     return make_llm(path, block_size=BLOCK, num_kv_blocks=2 * N + 8, hash_strategy=strategy, **kw)
 
 
+def lookup(llm, seq):
+    return llm.prefix_cache._lookup_prefix_cache(seq)
+
+
 def hashes_during(llm, fn):
     before = llm.stats()["hash_computations"]
     result = fn()
@@ -61,25 +65,31 @@ def test_same_sequence_looked_up_again(long_ckpt, long_prompt, strategy, expecte
     """As on re-admission after preemption, or a retry because blocks were short."""
     llm = chapter_llm(long_ckpt, strategy)
     seq = Sequence(long_prompt)
-    first, _ = hashes_during(llm, lambda: llm._lookup_prefix_cache(seq))
-    again, result = hashes_during(llm, lambda: llm._lookup_prefix_cache(seq))
+    first, _ = hashes_during(llm, lambda: lookup(llm, seq))
+    again, result = hashes_during(llm, lambda: lookup(llm, seq))
     assert first == N
     assert again == expected
-    assert result == ([], 0, 0)  # nothing cached yet
+    assert result.blocks == [] and result.num_cached_tokens == 0  # nothing cached yet
+    assert len(result.chain) == N
     if strategy == "incremental":
         assert len(seq._block_hashes) == N and seq._prev_hash == seq._block_hashes[-1]
 
 
-@pytest.mark.parametrize("strategy, expected", [("recompute", 2 * N), ("incremental", 0)])
-def test_saving_during_prefill(long_ckpt, long_prompt, strategy, expected):
-    """After the sequence has its chain, admission + chunked prefill + saves hash nothing new."""
+@pytest.mark.parametrize("strategy, expected", [("recompute", N), ("incremental", 0)])
+def test_saving_during_prefill(long_ckpt, long_prompt, strategy, expected, monkeypatch):
+    """Hash calls made while saving a cold request's blocks, over a chunked prefill: the
+    "before" hashes every block again; incremental reuses the hash the lookup stored."""
     llm = chapter_llm(long_ckpt, strategy, max_num_batched_tokens=1024)
-    seq = Sequence(long_prompt, SamplingParams(max_tokens=1, **GREEDY))
-    llm._lookup_prefix_cache(seq)
-    llm._enqueue(seq)
-    calls, _ = hashes_during(llm, lambda: [llm.step() for _ in range(PROMPT_LEN // 1024)])
-    assert seq.is_finished and seq.num_output_tokens == 1
-    assert calls == expected
+    pc, saving = llm.prefix_cache, []
+    real = pc._do_prefill_step
+
+    def counted(*args):
+        calls, result = hashes_during(llm, lambda: real(*args))
+        saving.append(calls)
+        return result
+    monkeypatch.setattr(pc, "_do_prefill_step", counted)
+    llm.generate([long_prompt], SamplingParams(max_tokens=1, **GREEDY), use_tqdm=False)
+    assert sum(saving) == expected
     assert llm.stats()["blocks_cached"] == N
 
 
@@ -140,33 +150,12 @@ def drain(llm) -> dict:
     return outs
 
 
-def test_same_prompt_same_step_is_deduplicated(llama_dir):
-    """recompute: the second copy is admitted in the same step (it cannot see the first one's
-    in-flight chain); it must not read unwritten blocks, and its duplicates are folded."""
-    llm = make_llm(llama_dir, block_size=8, hash_strategy="recompute")
-    prompt = random_prompt(40, seed=3)
-    params = SamplingParams(max_tokens=5, **GREEDY)
-    a, b = llm.add_request(prompt, params), llm.add_request(prompt, params)
-    llm.step()  # both admitted and prefilled in one forward
-    first, second = llm.scheduler.running
-    assert llm.stats()["prefix_cache_hits"] == 0  # neither read the other's unwritten blocks
-    full = 40 // 8
-    # The duplicate copies were folded into one registered block each, never overwritten.
-    assert first.block_table[:full] == second.block_table[:full]
-    for i, block_id in enumerate(first.block_table[:full]):
-        block = llm.block_manager.blocks[block_id]
-        assert block.ref_count == 2
-        assert llm._prefix_cache[first._block_hashes[i]] is block
-    assert len(llm._prefix_cache) == full
-    outs = drain(llm)
-    assert_matches_hf(llama_dir, [prompt, prompt], [outs[a], outs[b]], 5)
-    assert_no_leak(llm)
-
-
-def test_same_prompt_same_step_waits_for_the_written_prefix(llama_dir):
-    """incremental: the second copy sees the first one's chain in flight and waits one step,
-    then is served from cache instead of computing the same blocks again."""
-    llm = make_llm(llama_dir, block_size=8)
+@pytest.mark.parametrize("strategy", ["incremental", "recompute"])
+def test_same_prompt_same_step_waits_for_the_written_prefix(llama_dir, strategy):
+    """The second copy sees the first one's blocks in flight and waits one step, then is
+    served from cache instead of computing the same blocks again (both strategies: the
+    wait is not a matter of how hashes are obtained)."""
+    llm = make_llm(llama_dir, block_size=8, hash_strategy=strategy)
     prompt = random_prompt(40, seed=3)
     params = SamplingParams(max_tokens=5, **GREEDY)
     a, b = llm.add_request(prompt, params), llm.add_request(prompt, params)
@@ -176,6 +165,11 @@ def test_same_prompt_same_step_waits_for_the_written_prefix(llama_dir):
     llm.step()
     assert llm.stats()["prefix_cache_hits"] == 32  # all but the last block (the last-token rule)
     assert llm.stats()["prompt_tokens_computed"] == 40 + 8
+    # The recomputed last block is identical to the first copy's: folded into it, not duplicated.
+    first, second = llm.scheduler.running
+    assert first.block_table[:5] == second.block_table[:5]
+    assert all(llm.block_manager.blocks[i].ref_count == 2 for i in first.block_table[:5])
+    assert llm.stats()["blocks_cached"] == 5
     outs = drain(llm)
     assert_matches_hf(llama_dir, [prompt, prompt], [outs[a], outs[b]], 5)
     assert_no_leak(llm)
@@ -213,17 +207,16 @@ def test_evicted_block_never_returned_for_old_hash(llama_dir):
     old = random_prompt(64, seed=11)
     llm.generate([old], params, use_tqdm=False)
     old_seq = Sequence(old)
-    llm._lookup_prefix_cache(old_seq)
+    lookup(llm, old_seq)
     old_hashes = list(old_seq._block_hashes)
     others = [random_prompt(60, seed=20 + i) for i in range(3)]
     llm.generate(others, params, use_tqdm=False)
     assert llm.stats()["evictions"] > 0
     for i, h in enumerate(old_hashes):
-        block = llm._prefix_cache.get(h)
+        block = llm.prefix_cache.entries.get(h)
         assert block is None or block.token_bytes == old_seq.block_bytes(i, 8)
-    ids, cached_len, _ = llm._lookup_prefix_cache(Sequence(old))
-    for i, block_id in enumerate(ids):
-        assert llm.block_manager.blocks[block_id].token_bytes == old_seq.block_bytes(i, 8)
+    for i, block in enumerate(lookup(llm, Sequence(old)).blocks):
+        assert block.token_bytes == old_seq.block_bytes(i, 8)
     again = llm.generate([old], params, use_tqdm=False)
     assert_matches_hf(llama_dir, [old], again, 2)
     assert_no_leak(llm)
@@ -231,7 +224,7 @@ def test_evicted_block_never_returned_for_old_hash(llama_dir):
 
 def test_weak_hash_collisions_cost_a_miss_never_a_wrong_token(llama_dir):
     llm = make_llm(llama_dir, block_size=8, num_kv_blocks=40, max_num_batched_tokens=32)
-    llm._hash_fn = lambda data, seed: (seed + data[0]) % 3  # three hash values for everything
+    llm.prefix_cache.hash_fn = lambda data, seed: (seed + data[0]) % 3  # three hash values for everything
     prefix = random_prompt(24, seed=1)
     prompts = [prefix + random_prompt(9 + 5 * i, seed=30 + i) for i in range(4)]
     prompts += [random_prompt(33, seed=40 + i) for i in range(3)]
@@ -245,7 +238,8 @@ def test_weak_hash_collisions_cost_a_miss_never_a_wrong_token(llama_dir):
 def test_cache_salt_separates_tenants(llama_dir):
     llm = make_llm(llama_dir, block_size=8)
     prompt = random_prompt(40, seed=9)
-    run = lambda salt: llm.generate([prompt], SamplingParams(max_tokens=3, cache_salt=salt, **GREEDY), use_tqdm=False)
+    run = lambda salt: llm.generate([{"prompt_token_ids": prompt, "cache_salt": salt}],
+                                    SamplingParams(max_tokens=3, **GREEDY), use_tqdm=False)
     hits = lambda: llm.stats()["prefix_cache_hits"]
     first = run("alice")
     run("bob")
@@ -269,8 +263,7 @@ def test_free_keeps_hash_and_evicts_tail_first(llama_dir):
     # 6 blocks needed, 4 never-cached blocks free: the 2 tail blocks of `a` are evicted.
     llm.generate([random_prompt(47, seed=51)], params, use_tqdm=False)
     assert llm.stats()["evictions"] == 2
-    ids, cached_len, _ = llm._lookup_prefix_cache(Sequence(a))
-    assert cached_len == 4 * 8  # the shared head survived
+    assert lookup(llm, Sequence(a)).num_cached_tokens == 4 * 8  # the shared head survived
 
 
 def test_lru_order_across_requests(llama_dir):
@@ -280,8 +273,8 @@ def test_lru_order_across_requests(llama_dir):
     llm.generate([older], params, use_tqdm=False)
     llm.generate([newer], params, use_tqdm=False)
     llm.generate([random_prompt(40, seed=62)], params, use_tqdm=False)  # needs 5: 2 free + 3 evicted
-    assert llm._lookup_prefix_cache(Sequence(older))[1] == 0
-    assert llm._lookup_prefix_cache(Sequence(newer))[1] == 16
+    assert lookup(llm, Sequence(older)).num_cached_tokens == 0
+    assert lookup(llm, Sequence(newer)).num_cached_tokens == 16
 
 
 def test_workload_larger_than_pool(llama_dir):

@@ -114,8 +114,8 @@ def run_workload(llm, reference, reqs: list[Req], faults: dict[int, str], resets
         while order and reqs[order[0]].arrival <= step:
             i = order.pop(0)
             sp = SamplingParams(temperature=0.0, max_tokens=reqs[i].max_tokens, ignore_eos=True,
-                                stop_token_ids=stop_ids(reference, reqs[i]), cache_salt=reqs[i].salt)
-            rid = llm.add_request(reqs[i].prompt, sp)
+                                stop_token_ids=stop_ids(reference, reqs[i]))
+            rid = llm.add_request({"prompt_token_ids": reqs[i].prompt, "cache_salt": reqs[i].salt}, sp)
             assert rid not in ids
             ids[rid], index_id[i] = i, rid
             check_accounting(llm)
@@ -243,7 +243,7 @@ def test_hash_collision_costs_only_a_miss(llama_dir, reference):
     Z, A, B, X, t = r[0:4], r[4:8], r[8:12], r[12:16], r[16:17]
     forced = {np.asarray(blk, dtype=np.int64).tobytes(): h for blk, h in ((Z, 1), (A, 1), (B, 2), (X, 3))}
     llm = make_llm(llama_dir, block_size=4, num_kv_blocks=32)
-    llm._hash_fn = lambda data, seed: forced.get(data, xxhash.xxh3_64_intdigest(data, seed=seed) | 1 << 40)
+    llm.prefix_cache.hash_fn = lambda data, seed: forced.get(data, xxhash.xxh3_64_intdigest(data, seed=seed) | 1 << 40)
     for name, prompt in (("S0", Z + t), ("S1", A + B + t), ("S2", X + t), ("S3", X + B + t)):
         (out,) = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True),
                               use_tqdm=False)

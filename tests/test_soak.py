@@ -22,7 +22,7 @@ from hf_reference import make_llm, random_prompt
 from invariants import GreedyReference, assert_idle, check_accounting
 
 NUM_REQUESTS = 2000
-ENGINE_MODULES = {"engine", "scheduler", "block_manager", "sampler", "model"}
+ENGINE_MODULES = {"engine", "scheduler", "block_manager", "prefix_cache", "sampler", "model", "outputs"}
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +63,7 @@ def test_soak_2000_requests(llama_dir, reference):
         outs = llm.step()
         steps += 1
         check_accounting(llm)
-        peak_cached = max(peak_cached, len(llm._prefix_cache))
+        peak_cached = max(peak_cached, llm.prefix_cache.num_cached_blocks)
         return outs
 
     pending: dict[str, tuple] = {}
@@ -118,7 +118,7 @@ def test_soak_2000_requests(llama_dir, reference):
     assert_idle(llm)
     bm = llm.block_manager
     assert len(bm.free_queue) == bm.num_blocks == 20
-    assert len(llm._prefix_cache) <= bm.num_blocks and peak_cached <= bm.num_blocks
+    assert llm.prefix_cache.num_cached_blocks <= bm.num_blocks and peak_cached <= bm.num_blocks
     assert llm._requests == {} and not llm.scheduler.waiting and not llm.scheduler.running
     stats = llm.stats()
     assert stats["prefix_cache_hits"] > 0.3 * stats["prefix_cache_queries"], stats

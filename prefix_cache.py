@@ -1,0 +1,283 @@
+"""The chapter, step14_5, in one place: the paged prefix cache on an incremental hash chain.
+
+A full block of ``block_size`` tokens is named by a chain hash: xxhash of the block's token
+ids, seeded with the previous block's hash, so one hash names the whole prefix up to it.
+The map ``_prefix_cache`` (hash -> cached block) lets a new request skip the prefill of any
+prefix another request already computed. The chapter's point: each ``Sequence`` keeps its
+own chain (``_block_hashes``, ``_prev_hash``), so a sequence's blocks are hashed once, and
+lookups and saves reuse those hashes instead of rebuilding the chain.
+
+Read top to bottom; the chapter's names are kept verbatim (hence their leading underscores):
+
+1. ``_chain_hash``               one block's hash, seeded with its parent's
+2. ``_precompute_block_hashes``  extend a sequence's chain to all its full blocks, once each
+3. ``_lookup_prefix_cache``      the longest verified cached prefix, and the in-flight rule
+4. ``mark_in_flight``            blocks an admitted sequence will compute, so others wait for them
+5. ``_do_prefill_step`` / ``_save_prefix_cache``  register each block a step filled
+6. ``_evict`` / ``reset``        what leaves the map
+
+``hash_strategy="recompute"`` is the chapter's "before" column (step14): the chain is
+rebuilt from scratch at every lookup and each block is hashed again when saved, chained
+from its parent block's hash. Everything else is identical, so the two strategies make the
+same admissions, waits, hits and evictions and produce the same tokens; only
+``hash_computations`` differs.
+
+The scheduler calls ``_lookup_prefix_cache`` / ``mark_in_flight`` when it admits a sequence,
+``_do_prefill_step`` after each step, and ``release`` when a sequence leaves; the block
+manager calls ``_evict`` when it reuses a free block that still carries a hash.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Callable, Mapping
+
+import xxhash
+
+from block_manager import Block, BlockManager
+from scheduler import Sequence
+
+HASH_STRATEGIES = ("incremental", "recompute")
+HashFn = Callable[[bytes, int], int]  # (block bytes, seed) -> 64-bit hash
+
+
+class HashSource(enum.Enum):
+    """Where a block's hash came from (shown by ``run.py --chain``)."""
+
+    PRECOMPUTED = "precomputed at lookup"
+    REUSED = "reused at save"
+    DECODE = "computed at decode"
+    RECOMPUTED = "recomputed"
+
+
+@dataclass
+class ChainEvent:
+    """One thing that happened to one block of one request; recorded when ``events`` is a list."""
+
+    kind: str              # "hash", "hit", "miss", "wait", "save", "twin", "evict"
+    request_id: str | None  # None for "evict" (the block belongs to no request any more)
+    index: int | None       # block index in the sequence; None for "evict"
+    block_hash: int | None = None
+    parent_hash: int | None = None
+    block_id: int | None = None
+    source: HashSource | None = None
+
+
+@dataclass
+class PrefixMatch:
+    """What a lookup found for one sequence."""
+
+    blocks: list[Block]     # cached blocks serving its prefix, in order
+    num_cached_tokens: int
+    chain: list[int]        # hash of every full block the sequence has (to mark what it computes)
+    next_in_flight: bool    # another running sequence is computing the block it needs next
+
+
+class PrefixCache:
+    def __init__(self, block_manager: BlockManager, hash_strategy: str = "incremental",
+                 hash_fn: HashFn = xxhash.xxh3_64_intdigest) -> None:
+        if hash_strategy not in HASH_STRATEGIES:
+            raise ValueError(f"hash_strategy must be one of {HASH_STRATEGIES}, got {hash_strategy!r}")
+        self.block_manager = block_manager
+        self.hash_strategy = hash_strategy
+        self.hash_fn = hash_fn  # swappable: tests plug in a weak hash to force collisions
+        self._prefix_cache: dict[int, Block] = {}      # hash -> cached block
+        self._in_flight: dict[int, Sequence] = {}      # hash -> the running sequence computing it
+        self._computing: dict[Sequence, list[int]] = {}  # sequence -> hashes it marked in flight
+        self.hash_computations = 0
+        self.num_evictions = 0
+        self.events: list[ChainEvent] | None = None   # set to [] to record (run.py --chain)
+        block_manager.on_evict = self._evict
+
+    @property
+    def block_size(self) -> int:
+        return self.block_manager.block_size
+
+    def root_hash(self, cache_salt: str | None) -> int:
+        """The chain's seed: 0, or the salt's hash, so differently salted requests never share."""
+        return 0 if cache_salt is None else self.hash_fn(cache_salt.encode(), 0)
+
+    # ------------------------------------------------------------------ 1. the chain hash
+
+    def _chain_hash(self, tokens: memoryview, prev_hash: int, start: int, end: int) -> int:
+        """xxhash of token ids [start, end) as little-endian int64 bytes, seeded with the
+        previous block's hash. ``tokens`` is a sequence's ``token_view()``: only the block's
+        bytes are copied."""
+        self.hash_computations += 1
+        return self.hash_fn(tokens[start:end].tobytes(), prev_hash)
+
+    # ------------------------------------------------------------------ 2. the sequence's chain
+
+    def _precompute_block_hashes(self, seq: Sequence, source: HashSource = HashSource.PRECOMPUTED) -> None:
+        """Extend ``seq._block_hashes`` to all its full blocks; a no-op when it is up to date.
+
+        Each block is hashed once per Sequence: a cold lookup hashes the prompt's N blocks,
+        a block completed during decode is hashed when it is saved, and nothing is ever rehashed.
+        """
+        bs, hashes, tokens = self.block_size, seq._block_hashes, seq.token_view()
+        for start in range(len(hashes) * bs, seq.num_tokens - bs + 1, bs):
+            parent = seq._prev_hash
+            hashes.append(self._chain_hash(tokens, parent, start, start + bs))
+            self._trace("hash", seq, len(hashes) - 1, hashes[-1], parent, source=source)
+
+    def _rebuild_chain(self, seq: Sequence) -> list[int]:
+        """The "before" column: hash every full block from scratch (N calls per lookup)."""
+        bs, tokens = self.block_size, seq.token_view()
+        chain, prev = [], seq._root_hash
+        for start in range(0, seq.num_tokens - bs + 1, bs):
+            parent, prev = prev, self._chain_hash(tokens, prev, start, start + bs)
+            chain.append(prev)
+            self._trace("hash", seq, len(chain) - 1, prev, parent, source=HashSource.RECOMPUTED)
+        return chain
+
+    # ------------------------------------------------------------------ 3. lookup
+
+    def _lookup_prefix_cache(self, seq: Sequence) -> PrefixMatch:
+        """Longest verified cached prefix of ``seq``, and whether its next block is in flight.
+
+        Incremental: the chain is precomputed once (a cold sequence) and then only read, so a
+        lookup is dict probes. Scans forward and stops at the first miss: the chain makes a
+        later hit impossible. Each hit is checked against the block's tokens, parent and salt,
+        so a hash collision costs a miss, never a wrong token. The last token is never served
+        from cache, since its logits are needed.
+        """
+        if self.hash_strategy == "recompute":
+            chain = self._rebuild_chain(seq)
+        else:
+            self._precompute_block_hashes(seq)
+            chain = seq._block_hashes
+        max_blocks = min((seq.num_tokens - 1) // self.block_size, len(chain))
+        blocks: list[Block] = []
+        while len(blocks) < max_blocks:
+            block = self._prefix_cache.get(chain[len(blocks)])
+            if block is None or not self._holds(block, seq, len(blocks), blocks):
+                self._trace("miss", seq, len(blocks), chain[len(blocks)])
+                break
+            self._trace("hit", seq, len(blocks), block.block_hash, block_id=block.block_id)
+            blocks.append(block)
+        next_in_flight = len(blocks) < max_blocks and self._is_in_flight(seq, len(blocks), chain)
+        return PrefixMatch(blocks, len(blocks) * self.block_size, chain, next_in_flight)
+
+    def _holds(self, block: Block, seq: Sequence, index: int, parents: list[Block]) -> bool:
+        """True if cached ``block`` holds exactly ``seq``'s block ``index`` after ``parents``."""
+        parent = parents[-1].lifetime if parents else None
+        return (block.parent == parent and block.salt == seq.cache_salt
+                and block.token_bytes == seq.block_bytes(index, self.block_size))
+
+    # ------------------------------------------------------------------ 4. the in-flight rule
+
+    def _is_in_flight(self, seq: Sequence, index: int, chain: list[int]) -> bool:
+        """True if another running sequence is computing ``seq``'s block ``index`` right now.
+
+        Admitting ``seq`` now would compute the block twice; one step later it is a hit.
+        """
+        owner = self._in_flight.get(chain[index])
+        if owner is not None and owner is not seq:
+            self._trace("wait", seq, index, chain[index])
+            return True
+        return False
+
+    def mark_in_flight(self, seq: Sequence, match: PrefixMatch) -> None:
+        """``seq`` was admitted: the full blocks after its cached prefix are now being computed."""
+        first = len(match.blocks)
+        ours = [h for h in match.chain[first:] if h not in self._in_flight]
+        for h in ours:
+            self._in_flight[h] = seq
+        if ours:
+            self._computing[seq] = ours
+
+    def release(self, seq: Sequence) -> None:
+        """``seq`` left the running set (finished, preempted, aborted): drop its in-flight marks."""
+        for h in self._computing.pop(seq, ()):
+            if self._in_flight.get(h) is seq:
+                del self._in_flight[h]
+
+    # ------------------------------------------------------------------ 5. saving
+
+    def _do_prefill_step(self, seq: Sequence, start: int, end: int) -> list[tuple[int, Block]]:
+        """Tokens [start, end) of ``seq`` now have K/V in the pool: register every block they
+        completed (all block boundaries inside the chunk, not just its end; a decode token is
+        a chunk of one). Returns (index, cached twin) for each block another sequence had
+        already registered with identical content: the scheduler switches ``seq`` to the twin."""
+        bs, twins = self.block_size, []
+        for boundary in range((start // bs + 1) * bs, end + 1, bs):
+            twin = self._save_prefix_cache(seq, boundary // bs - 1)
+            if twin is not None:
+                twins.append((boundary // bs - 1, twin))
+        return twins
+
+    def _save_prefix_cache(self, seq: Sequence, index: int) -> Block | None:
+        """Register ``seq``'s block ``index`` (its K/V are written) under its chain hash.
+
+        A block whose parent is not cached is skipped: lookups walk from cached parents, so it
+        could never be reached. Returns an identical block that is already cached, if any.
+        """
+        table, blocks = seq.block_table, self.block_manager.blocks
+        block = blocks[table[index]]
+        parent = blocks[table[index - 1]] if index > 0 else None
+        if block.block_hash is not None or (parent is not None and parent.block_hash is None):
+            return None
+        h = self._hash_for_save(seq, index, parent)
+        self._in_flight.pop(h, None)
+        existing = self._prefix_cache.get(h)
+        if existing is None:
+            block.set_identity(h, seq.block_bytes(index, self.block_size),
+                               parent.lifetime if parent else None, seq.cache_salt)
+            self._prefix_cache[h] = block
+            self._trace("save", seq, index, h, block_id=block.block_id)
+            return None
+        if self._holds(existing, seq, index, [parent] if parent else []):
+            self._trace("twin", seq, index, h, block_id=existing.block_id)
+            return existing
+        return None  # a hash collision: the first block keeps the entry, this one stays private
+
+    def _hash_for_save(self, seq: Sequence, index: int, parent: Block | None) -> int:
+        """The chapter's fix: reuse the hash the sequence already has (incremental), or hash
+        the block again chained from its parent block's hash (recompute, the "before")."""
+        if self.hash_strategy == "recompute":
+            bs = self.block_size
+            prev = parent.block_hash if parent is not None else seq._root_hash
+            h = self._chain_hash(seq.token_view(), prev, index * bs, (index + 1) * bs)
+            self._trace("hash", seq, index, h, prev, source=HashSource.RECOMPUTED)
+            return h
+        if index >= len(seq._block_hashes):  # completed during decode: hashed now, once
+            self._precompute_block_hashes(seq, HashSource.DECODE)
+        else:
+            self._trace("hash", seq, index, seq._block_hashes[index], source=HashSource.REUSED)
+        return seq._block_hashes[index]
+
+    # ------------------------------------------------------------------ 6. eviction and reset
+
+    def _evict(self, block: Block) -> None:
+        """A free block that still carried a hash is being reused: its entry leaves the map."""
+        if self._prefix_cache.get(block.block_hash) is block:
+            del self._prefix_cache[block.block_hash]
+        self._trace("evict", None, None, block.block_hash, block_id=block.block_id)
+        block.forget_identity()
+        self.num_evictions += 1
+
+    def reset(self) -> bool:
+        """Forget every cached-and-free block (in-use blocks keep serving their sequences).
+        True if nothing cached is in use any more (vLLM's ``reset_prefix_cache`` result)."""
+        for h, block in list(self._prefix_cache.items()):
+            if block.ref_count == 0:
+                del self._prefix_cache[h]
+                block.forget_identity()
+        return not self._prefix_cache
+
+    @property
+    def entries(self) -> Mapping[int, Block]:
+        """A read-only view of the map (hash -> cached block)."""
+        return MappingProxyType(self._prefix_cache)
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return len(self._prefix_cache)
+
+    def _trace(self, kind: str, seq: Sequence | None, index: int | None, block_hash: int | None,
+               parent_hash: int | None = None, block_id: int | None = None,
+               source: HashSource | None = None) -> None:
+        if self.events is not None:
+            self.events.append(ChainEvent(kind, seq.request_id if seq else None, index, block_hash,
+                                          parent_hash, block_id, source))
