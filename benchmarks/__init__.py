@@ -1,0 +1,12 @@
+"""bench.py's parts, one job each.
+
+* ``workloads``     sizes, the random checkpoint, prompt generation
+* ``result``        one system's timed run of one workload (``RunResult``)
+* ``threads``       the thread configurations and the busy neighbour
+* ``ours``          this engine's runner
+* ``peer_hf_generate``, ``peer_hf_generate_batch``   Hugging Face peers, in this process
+* ``peer_vllm``     vLLM's CPU build, in a subprocess running ``vllm_script.py``
+* ``hashing``       (c) the prefix-cache hash chain alone
+* ``ours_profile``  prefill MFU and the decode step's non-matmul share (``--profile``)
+* ``report``        the one table, token agreement, the targets (defined once)
+"""
