@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny random HF checkpoints built on the fly (never downloaded)."""
+"""Shared fixtures: tiny random HF checkpoints built on the fly (never downloaded), and the
+greedy reference (see helpers.py)."""
 from __future__ import annotations
 
 import os
@@ -19,17 +20,14 @@ for _p in (ROOT, HERE):
 # both the HF reference and the engine fast; it changes no numerics we rely on.
 torch.set_num_threads(1)
 
-import hf_reference  # noqa: E402
+import helpers  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def checkpoints(tmp_path_factory) -> dict[str, str]:
-    """name -> directory of a random float32 HF checkpoint (see hf_reference.ARCHS)."""
-    out = {}
-    for name in hf_reference.ARCHS:
-        d = tmp_path_factory.mktemp(f"ckpt_{name}")
-        out[name] = hf_reference.build_checkpoint(name, str(d))
-    return out
+    """name -> directory of a random float32 HF checkpoint (see helpers.ARCH_CONFIGS)."""
+    return {name: helpers.build_checkpoint(name, str(tmp_path_factory.mktemp(f"ckpt_{name}")))
+            for name in helpers.ARCHS}
 
 
 @pytest.fixture(scope="session")
@@ -43,5 +41,19 @@ def tokenizer_ckpt(checkpoints, tmp_path_factory) -> str:
     d = str(tmp_path_factory.mktemp("ckpt_llama_tok"))
     for f in os.listdir(checkpoints["llama"]):
         shutil.copy(os.path.join(checkpoints["llama"], f), d)
-    hf_reference.build_tokenizer(d)
+    helpers.build_tokenizer(d)
     return d
+
+
+@pytest.fixture(scope="session")
+def long_ckpt(tmp_path_factory) -> str:
+    """A tiny random Qwen3 whose context fits the chapter's 4096-token prompt."""
+    return helpers.build_checkpoint("qwen3", str(tmp_path_factory.mktemp("long_qwen3")), seed=0,
+                                    **helpers.LONG_QWEN3)
+
+
+@pytest.fixture(scope="module")
+def reference(llama_dir) -> helpers.GreedyReference:
+    """HF greedy on the llama checkpoint. One per test module, so each module's
+    ``assert_not_vacuous`` counts its own comparisons (the references are memoised globally)."""
+    return helpers.GreedyReference(llama_dir)

@@ -26,14 +26,14 @@ block manager's own structures, and raises ``AssertionError`` naming the first b
 """
 from __future__ import annotations
 
-import xxhash
+__all__ = ["check_accounting", "assert_idle", "FaultInjector", "FAULT_KINDS", "InjectedFault",
+           "snapshot", "assert_nothing_committed"]
 
-__all__ = ["check_accounting", "assert_idle", "root_hash"]
 
-
-def root_hash(salt: str | None) -> int:
-    """The chain's starting value for a salt with the default hash (mirrors ``PrefixCache.root_hash``)."""
-    return 0 if salt is None else xxhash.xxh3_64_intdigest(salt.encode())
+def _registered_requests(llm) -> dict:
+    """The engine's request map (request id -> Sequence): the checker's one private reach,
+    since ``LLM`` has no public view of it (a leaked entry here is a leaked request)."""
+    return llm._requests
 
 
 def _free_queue_members(fq, num_blocks: int) -> list:
@@ -88,9 +88,10 @@ def check_accounting(llm) -> None:
     assert len(running) <= sched.config.max_num_seqs, (
         f"{len(running)} running sequences > max_num_seqs {sched.config.max_num_seqs}")
     queued = {s.request_id: s for s in running + waiting}
-    assert set(llm._requests) == set(queued), (
-        f"engine request map {sorted(llm._requests)} != queued/running {sorted(queued)}")
-    for rid, seq in llm._requests.items():
+    registered = _registered_requests(llm)
+    assert set(registered) == set(queued), (
+        f"engine request map {sorted(registered)} != queued/running {sorted(queued)}")
+    for rid, seq in registered.items():
         assert seq is queued[rid], f"request {rid} maps to another Sequence object"
         assert not seq.is_finished, f"request {rid} is finished but still registered"
 
@@ -212,87 +213,10 @@ def assert_idle(llm) -> None:
     assert not llm.scheduler.running and not llm.scheduler.waiting, (
         f"queues not empty: running={list(llm.scheduler.running)} waiting={list(llm.scheduler.waiting)}")
     assert not llm.has_unfinished_requests()
-    assert llm._requests == {}, f"requests still registered: {sorted(llm._requests)}"
+    assert not _registered_requests(llm), f"requests still registered: {sorted(_registered_requests(llm))}"
     assert all(b.ref_count == 0 for b in bm.blocks), "a block is in use with nothing running"
     assert len(bm.free_queue) == bm.num_blocks, (
         f"free queue holds {len(bm.free_queue)} of {bm.num_blocks} blocks")
-
-
-# ----------------------------------------------------------------------------- greedy reference
-
-TIE_TOL = 1e-3  # reference top-2 logprobs closer than this: a near-tie, stop comparing there
-
-
-class GreedyReference:
-    """Greedy tokens of a prompt run alone on a separate cache-off engine, memoised.
-
-    Every prompt gets its own ``generate`` call (nothing batched with it, nothing cached), so
-    the reference shares no scheduling or prefix-cache path with the engine under test.
-    ``compare`` checks tokens up to the first position where the reference's top-2
-    logprobs are within ``TIE_TOL`` (tiny random models have near-ties that legitimately
-    flip under a different batch composition); it never loosens beyond that.
-    """
-
-    _memo: dict = {}  # (model_dir, prompt) -> (tokens, tie flags); shared by all instances
-
-    def __init__(self, model_dir: str) -> None:
-        from hf_reference import make_llm
-
-        self.model_dir = str(model_dir)
-        self.llm = make_llm(self.model_dir, block_size=16, num_kv_blocks=64, max_num_seqs=1,
-                            max_num_batched_tokens=4096, enable_prefix_caching=False)
-        self.compared = 0
-        self.total = 0
-
-    def get(self, prompt, max_tokens: int) -> tuple[list[int], list[bool]]:
-        from engine import SamplingParams
-
-        key = (self.model_dir, tuple(int(t) for t in prompt))
-        hit = self._memo.get(key)
-        if hit is None or len(hit[0]) < max_tokens:
-            sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=2)
-            (out,) = self.llm.generate([list(key[1])], sp, use_tqdm=False)
-            assert len(out.token_ids) == max_tokens
-            ties = []
-            for lp in out.logprobs:
-                top = sorted(lp.values(), reverse=True)
-                ties.append(len(top) > 1 and top[0] - top[1] < TIE_TOL)
-            hit = (list(out.token_ids), ties)
-            self._memo[key] = hit
-            assert_idle(self.llm)
-        return hit[0][:max_tokens], hit[1][:max_tokens]
-
-    def compare(self, prompt, got, max_tokens: int, what: str = "", stop_ids=(),
-                finish_reason: str | None = None) -> int:
-        """Assert ``got`` equals the reference up to its first near-tie; returns positions compared.
-
-        With ``stop_ids`` the expected output is the reference cut after its first stop token
-        (finish reason "stop"); without, all ``max_tokens`` tokens (finish reason "length").
-        Output length and finish reason are checked when no near-tie precedes the end.
-        """
-        ref, ties = self.get(prompt, max_tokens)
-        got = list(got)
-        end = next((j + 1 for j, t in enumerate(ref) if t in stop_ids), len(ref))
-        expected, reason = ref[:end], ("stop" if end < len(ref) or ref[-1] in stop_ids else "length")
-        k = ties.index(True) if True in ties[:end] else end
-        if got[:k] != expected[:k]:
-            j = next(i for i in range(min(k, len(got) + 1)) if i >= len(got) or got[i] != expected[i])
-            raise AssertionError(f"{what}: token {j} differs from the request run alone "
-                                 f"(cache off): got {got} vs reference {expected} "
-                                 f"(prompt of {len(prompt)} tokens)")
-        assert len(got) <= max_tokens, f"{what}: {len(got)} tokens generated, max_tokens={max_tokens}"
-        if k == end:  # no near-tie: the whole output is determined
-            assert got == expected, f"{what}: got {got}, reference {expected} (stop ids {list(stop_ids)})"
-            if finish_reason is not None:
-                assert finish_reason == reason, f"{what}: finish reason {finish_reason!r}, expected {reason!r}"
-        self.compared += k
-        self.total += end
-        return k
-
-    def assert_not_vacuous(self, min_fraction: float = 0.8) -> None:
-        assert self.total > 0, "nothing was compared"
-        assert self.compared >= min_fraction * self.total, (
-            f"only {self.compared}/{self.total} positions compared (near-ties): vacuous")
 
 
 # ----------------------------------------------------------------------------- fault injection
@@ -377,18 +301,3 @@ def assert_nothing_committed(llm, before):
     for key in ("steps", "generation_tokens", "prompt_tokens_computed"):
         assert counters_after[key] == counters_before[key], f"a failed step counted {key}"
     assert cached_after <= cached_before, "a failed step registered prefix-cache blocks"
-
-
-# ----------------------------------------------------------------------------- driving the engine
-
-def drain(llm, max_steps: int = 10000) -> dict:
-    """Step until idle, checking the accounting after every step; request id -> output."""
-    outputs = {}
-    for _ in range(max_steps):
-        if not llm.has_unfinished_requests():
-            return outputs
-        for out in llm.step():
-            assert out.request_id not in outputs, f"request {out.request_id} finished twice"
-            outputs[out.request_id] = out
-        check_accounting(llm)
-    raise AssertionError(f"engine still busy after {max_steps} steps (livelock?)")

@@ -8,10 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import SamplingParams
-from hf_reference import assert_no_leak, assert_same_tokens, hf_greedy, make_llm, random_prompt
-
-GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+from helpers import GreedyReference, assert_no_leak, greedy, make_llm, random_prompt
 
 
 @pytest.fixture(scope="module")
@@ -29,9 +26,8 @@ def sharded_dir(checkpoints, tmp_path_factory) -> str:
 
 def test_sharded_checkpoint_matches_single_file(checkpoints, sharded_dir):
     prompts = [random_prompt(n, seed=n) for n in (5, 19, 40)]
-    outs = make_llm(sharded_dir).generate(prompts, GREEDY, use_tqdm=False)
-    ref, ties = hf_greedy(checkpoints["qwen3"], prompts, 8)
-    assert_same_tokens([o.token_ids for o in outs], ref, ties)
+    outs = make_llm(sharded_dir).generate(prompts, greedy(8), use_tqdm=False)
+    GreedyReference(checkpoints["qwen3"]).compare_all(prompts, outs, 8)
 
 
 def test_missing_shard_is_named(sharded_dir, tmp_path):
@@ -59,6 +55,6 @@ def test_missing_tensor_is_named(checkpoints, tmp_path):
 def test_bfloat16_runs_and_leaks_nothing(llama_dir):
     llm = make_llm(llama_dir, dtype="bfloat16", enable_prefix_caching=False)
     assert llm.dtype == torch.bfloat16
-    outs = llm.generate([random_prompt(30, seed=1)] * 2, GREEDY, use_tqdm=False)
+    outs = llm.generate([random_prompt(30, seed=1)] * 2, greedy(8), use_tqdm=False)
     assert outs[0].token_ids == outs[1].token_ids and len(outs[0].token_ids) == 8
     assert_no_leak(llm)

@@ -12,7 +12,8 @@ import json
 import os
 
 import pytest
-import torch
+
+from helpers import GreedyReference, greedy, make_llm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO_DIR = os.path.join(ROOT, "demo_model")
@@ -35,33 +36,14 @@ def prompt_ids(demo) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def hf_model():
-    from transformers import AutoModelForCausalLM
-    return AutoModelForCausalLM.from_pretrained(DEMO_DIR, dtype=torch.float32).eval()
-
-
-@pytest.fixture(scope="module")
-def hf_greedy(hf_model, prompt_ids) -> list[list[int]]:
+def hf_greedy(prompt_ids) -> list[list[int]]:
     """HF greedy continuation (CHECK tokens) of every demo prompt, one at a time."""
-    outs = []
-    with torch.no_grad():
-        for ids in prompt_ids:
-            seq = hf_model.generate(torch.tensor([ids]), max_new_tokens=CHECK, min_new_tokens=CHECK,
-                                    do_sample=False)
-            outs.append(seq[0, len(ids):].tolist())
-    return outs
+    reference = GreedyReference(DEMO_DIR)
+    return [reference.get(ids, CHECK).tokens for ids in prompt_ids]
 
 
 def _demo_llm(**overrides):
-    from engine import LLM
-    args = dict(block_size=BLOCK_SIZE, max_num_seqs=8, device="cpu", dtype="float32", seed=0)
-    args.update(overrides)
-    return LLM(DEMO_DIR, **args)
-
-
-def _greedy_params():
-    from engine import SamplingParams
-    return SamplingParams(temperature=0.0, max_tokens=CHECK, ignore_eos=True)
+    return make_llm(DEMO_DIR, **{**dict(block_size=BLOCK_SIZE, max_num_seqs=8), **overrides})
 
 
 # ---------------------------------------------------------------- checkpoint
@@ -100,7 +82,6 @@ def test_hf_greedy_reproduces_reference_text(demo, hf_greedy):
 # ---------------------------------------------------------------- engine
 
 def test_engine_matches_hf_under_memory_pressure(prompt_ids, hf_greedy):
-    pytest.importorskip("engine")
     # The pool holds the largest single request, but nowhere near all of them.
     per_request = max(-(-(len(ids) + CHECK - 1) // BLOCK_SIZE) for ids in prompt_ids)
     num_blocks = per_request + 4
@@ -110,7 +91,7 @@ def test_engine_matches_hf_under_memory_pressure(prompt_ids, hf_greedy):
     assert all_at_once > num_blocks
     llm = _demo_llm(num_kv_blocks=num_blocks, max_num_batched_tokens=64)
 
-    first = llm.generate(prompt_ids, _greedy_params(), use_tqdm=False)
+    first = llm.generate(prompt_ids, greedy(CHECK), use_tqdm=False)
     assert [o.token_ids for o in first] == hf_greedy
     after_first = llm.stats()
     assert after_first["blocks_in_use"] == 0
@@ -118,7 +99,7 @@ def test_engine_matches_hf_under_memory_pressure(prompt_ids, hf_greedy):
     assert after_first["evictions"] > 0
 
     # Second round: the shared prefix is served from the cache.
-    second = llm.generate(prompt_ids, _greedy_params(), use_tqdm=False)
+    second = llm.generate(prompt_ids, greedy(CHECK), use_tqdm=False)
     assert [o.token_ids for o in second] == hf_greedy
     after_second = llm.stats()
     assert after_second["blocks_in_use"] == 0
@@ -126,10 +107,9 @@ def test_engine_matches_hf_under_memory_pressure(prompt_ids, hf_greedy):
 
 
 def test_engine_reproduces_reference_text(demo):
-    pytest.importorskip("engine")
     llm = _demo_llm(num_kv_blocks=512)
     # Text prompts, as the demo sends them: the engine's tokenizer must add BOS.
-    outs = llm.generate([p["prompt"] for p in demo["prompts"]], _greedy_params(), use_tqdm=False)
+    outs = llm.generate([p["prompt"] for p in demo["prompts"]], greedy(CHECK), use_tqdm=False)
     matches = [o.token_ids == p["expected_ids"][:CHECK] for o, p in zip(outs, demo["prompts"])]
     assert sum(matches) >= MIN_PROMPTS
     assert all(matches), [p["topic"] for p, ok in zip(demo["prompts"], matches) if not ok]

@@ -17,19 +17,10 @@ import weakref
 import pytest
 
 from engine import SamplingParams
-from hf_reference import make_llm, random_prompt
-from invariants import (FAULT_KINDS, FaultInjector, GreedyReference, InjectedFault,
-                        assert_idle, assert_nothing_committed, check_accounting, drain, snapshot)
+from helpers import drain, greedy, make_llm, random_prompt, sequence_of
+from invariants import (FAULT_KINDS, FaultInjector, InjectedFault, assert_idle,
+                        assert_nothing_committed, check_accounting, snapshot)
 from scheduler import SequenceStatus
-
-
-def greedy(max_tokens: int, **kw) -> SamplingParams:
-    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, **kw)
-
-
-@pytest.fixture(scope="module")
-def reference(llama_dir):
-    return GreedyReference(llama_dir)
 
 
 def _collected(ref: weakref.ref) -> bool:
@@ -46,7 +37,7 @@ def test_abort_mid_prefill_returns_blocks_and_keeps_computed_ones_cached(llama_d
                    hash_strategy=strategy)
     a, b = random_prompt(41, 21), random_prompt(13, 22)
     rid_a, rid_b = llm.add_request(a, greedy(6)), llm.add_request(b, greedy(6))
-    seq_a = llm._requests[rid_a]
+    seq_a = sequence_of(llm, rid_a)
     for _ in range(3):  # 6 tokens per step: a's prefill spans 7 steps
         assert llm.step() == []
         check_accounting(llm)
@@ -62,7 +53,7 @@ def test_abort_mid_prefill_returns_blocks_and_keeps_computed_ones_cached(llama_d
     assert llm.abort(rid_a) is True
     check_accounting(llm)
     assert seq_a.status is SequenceStatus.FINISHED and seq_a.finish_reason == "abort"
-    assert seq_a.block_table == [] and rid_a not in llm._requests
+    assert seq_a.block_table == [] and sequence_of(llm, rid_a) is None
     assert llm.stats()["blocks_in_use"] == in_use - len(computed) - len(rest)
     assert all(blk.ref_count == 0 and blk.in_free_queue for blk in computed + rest)
     assert all(llm.prefix_cache.entries.get(blk.block_hash) is blk for blk in computed), \
@@ -81,7 +72,7 @@ def test_abort_mid_prefill_returns_blocks_and_keeps_computed_ones_cached(llama_d
     # A later request with a's prompt reuses every block a computed before it was aborted.
     hits = llm.stats()["prefix_cache_hits"]
     rid = llm.add_request(a, greedy(6))
-    seq = llm._requests[rid]
+    seq = sequence_of(llm, rid)
     llm.step()
     assert llm.stats()["prefix_cache_hits"] - hits == full * bs
     assert seq.block_table[:full] == [blk.block_id for blk in computed]
@@ -96,7 +87,7 @@ def test_abort_mid_decode(llama_dir, reference):
     llm = make_llm(llama_dir, block_size=bs, num_kv_blocks=64)
     a, b = random_prompt(21, 31), random_prompt(30, 32)
     rid_a, rid_b = llm.add_request(a, greedy(12)), llm.add_request(b, greedy(12))
-    seq_a = llm._requests[rid_a]
+    seq_a = sequence_of(llm, rid_a)
     while seq_a.num_output_tokens < 5:
         assert llm.step() == []
         check_accounting(llm)
@@ -130,7 +121,7 @@ def test_abort_waiting_and_preempted_requests(llama_dir, reference):
     llm = make_llm(llama_dir, block_size=bs, num_kv_blocks=7, max_num_seqs=2)
     prompts = [random_prompt(10, 41), random_prompt(10, 42), random_prompt(9, 43)]
     rids = [llm.add_request(p, greedy(10)) for p in prompts]
-    seqs = [llm._requests[r] for r in rids]
+    seqs = [sequence_of(llm, r) for r in rids]
     llm.step()
     check_accounting(llm)
     # max_num_seqs=2: the third request was never admitted
@@ -194,7 +185,7 @@ def _state(llm, rids):
     """Per request (in add order): what a step commits."""
     out = []
     for rid in rids:
-        seq = llm._requests.get(rid)
+        seq = sequence_of(llm, rid)
         out.append(None if seq is None else
                    (seq.status, seq.num_tokens, seq.num_computed_tokens, seq.output_token_ids,
                     len(seq.block_table)))
@@ -255,15 +246,16 @@ def test_generate_that_raises_aborts_only_its_own_requests(llama_dir, reference,
     llm = make_llm(llama_dir, block_size=8, num_kv_blocks=32, max_num_batched_tokens=16)
     x = random_prompt(30, 61)
     rid_x = llm.add_request(x, greedy(12))  # someone else's request, queued before generate()
-    seq_x = llm._requests[rid_x]
+    seq_x = sequence_of(llm, rid_x)
     injector = FaultInjector(llm)
     prompts = [random_prompt(20, 62), random_prompt(11, 63), x[:16] + [9]]
     injector.arm(kind, skip=2)
     with pytest.raises(InjectedFault):
         llm.generate(prompts, greedy(6), use_tqdm=False)
     check_accounting(llm)
-    assert list(llm._requests) == [rid_x], "generate() left its own requests behind"
-    assert llm._requests[rid_x] is seq_x and not seq_x.is_finished
+    queued = list(llm.scheduler.running) + list(llm.scheduler.waiting)
+    assert [s.request_id for s in queued] == [rid_x], "generate() left its own requests behind"
+    assert queued[0] is seq_x and not seq_x.is_finished
     assert seq_x.num_output_tokens < 12
     assert llm.stats()["blocks_in_use"] == len(seq_x.block_table)
     outs = drain(llm)
@@ -311,31 +303,19 @@ def test_repeated_faults_never_leak(llama_dir, reference):
 
 # ---------------------------------------------------------------------------- bugs these tests found (fixed)
 
-@pytest.mark.parametrize("where", ["forward", "logprobs"])
-def test_seeded_sampling_is_reproducible_across_a_failed_step(llama_dir, where):
+@pytest.mark.parametrize("kind", ["forward_after", "sampler"])
+def test_seeded_sampling_is_reproducible_across_a_failed_step(llama_dir, kind):
     """A seeded request's tokens must not depend on a step that failed and committed nothing.
 
-    Found with where="logprobs": a per-request generator advanced by a draw in a step that
-    then failed made the retry sample other tokens. The noise is now seeded from (seed,
-    tokens generated so far), so a retried step draws the same noise.
+    Found with a failure inside sampling, after the draw: a per-request generator advanced by
+    a draw in a step that then failed made the retry sample other tokens. The noise is now
+    seeded from (seed, tokens generated so far), so a retried step draws the same noise.
     """
     sp = SamplingParams(temperature=1.0, seed=1234, max_tokens=8, ignore_eos=True, logprobs=1)
     prompt = random_prompt(20, 3)
     (clean,) = make_llm(llama_dir, block_size=8, num_kv_blocks=16).generate([prompt], sp, use_tqdm=False)
     llm = make_llm(llama_dir, block_size=8, num_kv_blocks=16)
-    if where == "forward":
-        injector = FaultInjector(llm)
-        injector.arm("forward_after", skip=2)
-    else:
-        real = llm.sampler._logprobs
-        calls = []
-
-        def logprobs_fails_once(*args):
-            calls.append(1)
-            if len(calls) == 3:
-                raise InjectedFault("logprobs")
-            return real(*args)
-        llm.sampler._logprobs = logprobs_fails_once
+    FaultInjector(llm).arm(kind, skip=2)  # the third step fails (after the forward / the draw)
     rid = llm.add_request(prompt, sp)
     outs, failures = {}, 0
     while llm.has_unfinished_requests():
@@ -359,7 +339,8 @@ def test_request_finishing_inside_another_generate_is_not_lost(llama_dir, refere
     x = random_prompt(9, 91)
     rid = llm.add_request(x, greedy(2))
     outs = llm.generate([random_prompt(14, 92)], greedy(8), use_tqdm=False)
-    assert rid not in llm._requests  # x finished during generate()
+    check_accounting(llm)
+    assert sequence_of(llm, rid) is None  # x finished during generate()
     delivered = {o.request_id: o for o in outs}
     delivered.update(drain(llm))
     assert rid in delivered, "x finished inside another caller's generate() and its output was dropped"

@@ -9,10 +9,7 @@ decode, and a pool small enough to preempt and evict.
 """
 from __future__ import annotations
 
-from engine import SamplingParams
-from hf_reference import assert_no_leak, make_llm, random_prompt
-
-GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+from helpers import assert_no_leak, greedy, make_llm, random_prompt
 
 
 def traced_run(model_dir: str, strategy: str):
@@ -30,10 +27,10 @@ def traced_run(model_dir: str, strategy: str):
         return chunks
     llm.scheduler.schedule = recorded_schedule
     first = round_one_prompts()
-    outs1 = llm.generate(first, GREEDY, use_tqdm=False)
+    outs1 = llm.generate(first, greedy(12), use_tqdm=False)
     follow_ups = [p + o.outputs[0].token_ids + random_prompt(5, seed=90 + i)
                   for i, (p, o) in enumerate(zip(first, outs1))]
-    outs2 = llm.generate(follow_ups, GREEDY, use_tqdm=False)
+    outs2 = llm.generate(follow_ups, greedy(12), use_tqdm=False)
     assert_no_leak(llm)
     tokens = [o.outputs[0].token_ids for o in outs1 + outs2]
     return trace, tokens, llm.stats(), llm.prefix_cache.events

@@ -6,28 +6,12 @@ a pool large enough that nothing is evicted.
 from __future__ import annotations
 
 import pytest
-import torch
 
-from engine import SamplingParams, Sequence
-from hf_reference import assert_no_leak, assert_same_tokens, hf_greedy, make_llm, random_prompt
+from engine import Sequence
+from helpers import assert_no_leak, drain, greedy, make_llm, random_prompt
 
 PROMPT_LEN, BLOCK = 4096, 16
 N = PROMPT_LEN // BLOCK
-GREEDY = dict(temperature=0.0, ignore_eos=True)
-
-
-@pytest.fixture(scope="module")
-def long_ckpt(tmp_path_factory) -> str:
-    """A tiny random Qwen3 whose context fits the chapter's 4096-token prompt."""
-    from transformers import AutoModelForCausalLM, Qwen3Config
-
-    torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-                      max_position_embeddings=PROMPT_LEN + 64, initializer_range=0.15)
-    path = tmp_path_factory.mktemp("long_qwen3")
-    AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
-    return str(path)
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +38,7 @@ def hashes_during(llm, fn):
 @pytest.mark.parametrize("strategy, expected", [("recompute", 2 * N), ("incremental", N)])
 def test_cold_request_hash_count(long_ckpt, long_prompt, strategy, expected):
     llm = chapter_llm(long_ckpt, strategy)
-    calls, _ = hashes_during(llm, lambda: llm.generate([long_prompt], SamplingParams(max_tokens=1, **GREEDY), use_tqdm=False))
+    calls, _ = hashes_during(llm, lambda: llm.generate([long_prompt], greedy(1), use_tqdm=False))
     assert calls == expected
     assert llm.stats()["blocks_cached"] == N
     assert_no_leak(llm)
@@ -88,7 +72,7 @@ def test_saving_during_prefill(long_ckpt, long_prompt, strategy, expected, monke
         saving.append(calls)
         return result
     monkeypatch.setattr(pc, "_do_prefill_step", counted)
-    llm.generate([long_prompt], SamplingParams(max_tokens=1, **GREEDY), use_tqdm=False)
+    llm.generate([long_prompt], greedy(1), use_tqdm=False)
     assert sum(saving) == expected
     assert llm.stats()["blocks_cached"] == N
 
@@ -97,7 +81,7 @@ def test_new_sequence_same_prompt_hashes_once_and_hits(long_ckpt, long_prompt):
     """The chapter's "0" holds for the same Sequence object. A new Sequence with the same
     prompt (a new request) must hash its N blocks once; then all but the last block is cached."""
     llm = chapter_llm(long_ckpt)
-    params = SamplingParams(max_tokens=2, **GREEDY)
+    params = greedy(2)
     first = llm.generate([long_prompt], params, use_tqdm=False)[0]
     before = llm.stats()
     calls, second = hashes_during(llm, lambda: llm.generate([long_prompt], params, use_tqdm=False)[0])
@@ -111,7 +95,7 @@ def test_new_sequence_same_prompt_hashes_once_and_hits(long_ckpt, long_prompt):
 
 
 def test_tokens_identical_off_recompute_incremental(long_ckpt, long_prompt):
-    params = SamplingParams(max_tokens=4, **GREEDY)
+    params = greedy(4)
     runs = {}
     for name, kw in {"off": dict(enable_prefix_caching=False), "recompute": dict(strategy="recompute"),
                      "incremental": dict()}.items():
@@ -124,40 +108,29 @@ def test_tokens_identical_off_recompute_incremental(long_ckpt, long_prompt):
 
 # ---------------------------------------------------------------- correct reuse
 
-def assert_matches_hf(ckpt, prompts, outs, max_tokens):
-    ref, ties = hf_greedy(ckpt, prompts, max_tokens)
-    assert_same_tokens([o.token_ids for o in outs], ref, ties)
-
 
 @pytest.mark.parametrize("length", [64, 70])
-def test_fully_cached_prompt_still_computes_last_token(llama_dir, length):
+def test_fully_cached_prompt_still_computes_last_token(llama_dir, reference, length):
     llm = make_llm(llama_dir, block_size=BLOCK)
     prompt = random_prompt(length, seed=length)
-    params = SamplingParams(max_tokens=6, **GREEDY)
+    params = greedy(6)
     first = llm.generate([prompt], params, use_tqdm=False)
     before = llm.stats()["prompt_tokens_computed"]
     second = llm.generate([prompt], params, use_tqdm=False)
     computed = llm.stats()["prompt_tokens_computed"] - before
     assert computed == (BLOCK if length % BLOCK == 0 else length % BLOCK)
-    assert_matches_hf(llama_dir, [prompt, prompt], first + second, 6)
+    reference.compare_all([prompt, prompt], first + second, 6)
     assert_no_leak(llm)
 
 
-def drain(llm) -> dict:
-    outs = {}
-    while llm.has_unfinished_requests():
-        outs.update({o.request_id: o for o in llm.step()})
-    return outs
-
-
 @pytest.mark.parametrize("strategy", ["incremental", "recompute"])
-def test_same_prompt_same_step_waits_for_the_written_prefix(llama_dir, strategy):
+def test_same_prompt_same_step_waits_for_the_written_prefix(llama_dir, reference, strategy):
     """The second copy sees the first one's blocks in flight and waits one step, then is
     served from cache instead of computing the same blocks again (both strategies: the
     wait is not a matter of how hashes are obtained)."""
     llm = make_llm(llama_dir, block_size=8, hash_strategy=strategy)
     prompt = random_prompt(40, seed=3)
-    params = SamplingParams(max_tokens=5, **GREEDY)
+    params = greedy(5)
     a, b = llm.add_request(prompt, params), llm.add_request(prompt, params)
     llm.step()
     assert len(llm.scheduler.running) == 1 and len(llm.scheduler.waiting) == 1
@@ -171,44 +144,44 @@ def test_same_prompt_same_step_waits_for_the_written_prefix(llama_dir, strategy)
     assert all(llm.block_manager.blocks[i].ref_count == 2 for i in first.block_table[:5])
     assert llm.stats()["blocks_cached"] == 5
     outs = drain(llm)
-    assert_matches_hf(llama_dir, [prompt, prompt], [outs[a], outs[b]], 5)
+    reference.compare_all([prompt, prompt], [outs[a], outs[b]], 5)
     assert_no_leak(llm)
 
 
-def test_preempted_sequence_hits_its_own_cached_blocks(llama_dir):
+def test_preempted_sequence_hits_its_own_cached_blocks(llama_dir, reference):
     prompts = [random_prompt(48 + 8 * i, seed=100 + i) for i in range(4)]  # distinct: hits are own blocks
     llm = make_llm(llama_dir, block_size=8, num_kv_blocks=20, max_num_batched_tokens=64)
-    outs = llm.generate(prompts, SamplingParams(max_tokens=40, **GREEDY), use_tqdm=False)
+    outs = llm.generate(prompts, greedy(40), use_tqdm=False)
     stats = llm.stats()
     assert stats["preemptions"] > 0
     assert stats["prefix_cache_hits"] > 0
-    assert_matches_hf(llama_dir, prompts, outs, 40)
+    reference.compare_all(prompts, outs, 40)
     assert_no_leak(llm)
 
 
-def test_chunk_starting_at_cached_offset_sees_whole_context(llama_dir):
+def test_chunk_starting_at_cached_offset_sees_whole_context(llama_dir, reference):
     base = random_prompt(64, seed=5)
     extended = base + random_prompt(45, seed=6)
     llm = make_llm(llama_dir, block_size=16, max_num_batched_tokens=16)
-    params = SamplingParams(max_tokens=8, logprobs=3, **GREEDY)
+    params = greedy(8, logprobs=3)
     llm.generate([base], params, use_tqdm=False)
     out = llm.generate([extended], params, use_tqdm=False)
     assert llm.stats()["prefix_cache_hits"] == 64  # the extension starts at a cached offset
-    assert_matches_hf(llama_dir, [extended], out, 8)
+    reference.compare_all([extended], out, 8)
     cold = make_llm(llama_dir, block_size=16, enable_prefix_caching=False).generate([extended], params, use_tqdm=False)
     for ours, ref in zip(out[0].logprobs, cold[0].logprobs):
         common = ours.keys() & ref.keys()
         assert common and all(abs(ours[t] - ref[t]) < 1e-4 for t in common)
 
 
-def test_evicted_block_never_returned_for_old_hash(llama_dir):
+def test_evicted_block_never_returned_for_old_hash(llama_dir, reference):
     llm = make_llm(llama_dir, block_size=8, num_kv_blocks=12)
-    params = SamplingParams(max_tokens=2, **GREEDY)
+    params = greedy(2)
     old = random_prompt(64, seed=11)
     llm.generate([old], params, use_tqdm=False)
     old_seq = Sequence(old)
     lookup(llm, old_seq)
-    old_hashes = list(old_seq._block_hashes)
+    old_hashes = list(lookup(llm, old_seq).chain)
     others = [random_prompt(60, seed=20 + i) for i in range(3)]
     llm.generate(others, params, use_tqdm=False)
     assert llm.stats()["evictions"] > 0
@@ -218,28 +191,29 @@ def test_evicted_block_never_returned_for_old_hash(llama_dir):
     for i, block in enumerate(lookup(llm, Sequence(old)).blocks):
         assert block.token_bytes == old_seq.block_bytes(i, 8)
     again = llm.generate([old], params, use_tqdm=False)
-    assert_matches_hf(llama_dir, [old], again, 2)
+    reference.compare_all([old], again, 2)
     assert_no_leak(llm)
 
 
-def test_weak_hash_collisions_cost_a_miss_never_a_wrong_token(llama_dir):
+def test_weak_hash_collisions_cost_a_miss_never_a_wrong_token(llama_dir, reference):
     llm = make_llm(llama_dir, block_size=8, num_kv_blocks=40, max_num_batched_tokens=32)
     llm.prefix_cache.hash_fn = lambda data, seed: (seed + data[0]) % 3  # three hash values for everything
     prefix = random_prompt(24, seed=1)
     prompts = [prefix + random_prompt(9 + 5 * i, seed=30 + i) for i in range(4)]
     prompts += [random_prompt(33, seed=40 + i) for i in range(3)]
-    params = SamplingParams(max_tokens=8, **GREEDY)
+    params = greedy(8)
     outs = llm.generate(prompts, params, use_tqdm=False) + llm.generate(prompts, params, use_tqdm=False)
     assert llm.stats()["prefix_cache_hits"] > 0  # verified hits still happen
-    assert_matches_hf(llama_dir, prompts + prompts, outs, 8)
+    reference.compare_all(prompts + prompts, outs, 8)
     assert_no_leak(llm)
 
 
 def test_cache_salt_separates_tenants(llama_dir):
+    """vLLM-style prompt dicts with a ``cache_salt``: only equal salts share blocks."""
     llm = make_llm(llama_dir, block_size=8)
     prompt = random_prompt(40, seed=9)
     run = lambda salt: llm.generate([{"prompt_token_ids": prompt, "cache_salt": salt}],
-                                    SamplingParams(max_tokens=3, **GREEDY), use_tqdm=False)
+                                    greedy(3), use_tqdm=False)
     hits = lambda: llm.stats()["prefix_cache_hits"]
     first = run("alice")
     run("bob")
@@ -256,7 +230,7 @@ def test_cache_salt_separates_tenants(llama_dir):
 
 def test_free_keeps_hash_and_evicts_tail_first(llama_dir):
     llm = make_llm(llama_dir, block_size=8, num_kv_blocks=10)
-    params = SamplingParams(max_tokens=1, **GREEDY)
+    params = greedy(1)
     a = random_prompt(48, seed=50)  # 6 full blocks, all cached after it finishes
     llm.generate([a], params, use_tqdm=False)
     assert llm.stats()["blocks_in_use"] == 0 and llm.stats()["blocks_cached"] == 6
@@ -268,7 +242,7 @@ def test_free_keeps_hash_and_evicts_tail_first(llama_dir):
 
 def test_lru_order_across_requests(llama_dir):
     llm = make_llm(llama_dir, block_size=8, num_kv_blocks=8)
-    params = SamplingParams(max_tokens=1, **GREEDY)
+    params = greedy(1)
     older, newer = random_prompt(24, seed=60), random_prompt(24, seed=61)
     llm.generate([older], params, use_tqdm=False)
     llm.generate([newer], params, use_tqdm=False)
@@ -277,22 +251,22 @@ def test_lru_order_across_requests(llama_dir):
     assert lookup(llm, Sequence(newer)).num_cached_tokens == 16
 
 
-def test_workload_larger_than_pool(llama_dir):
+def test_workload_larger_than_pool(llama_dir, reference):
     prefixes = [random_prompt(32, seed=70 + i) for i in range(3)]
     prompts = [prefixes[i % 3] + random_prompt(5 + 3 * i, seed=80 + i) for i in range(12)]
-    params = SamplingParams(max_tokens=10, **GREEDY)
+    params = greedy(10)
     llm = make_llm(llama_dir, block_size=8, num_kv_blocks=14, max_num_seqs=4)
     outs = llm.generate(prompts, params, use_tqdm=False) + llm.generate(prompts[::-1], params, use_tqdm=False)
     stats = llm.stats()
     assert stats["evictions"] > 0 and stats["prefix_cache_hits"] > 0
     off = make_llm(llama_dir, block_size=8, num_kv_blocks=14, max_num_seqs=4, enable_prefix_caching=False)
     ref = off.generate(prompts, params, use_tqdm=False)
-    assert_matches_hf(llama_dir, prompts + prompts[::-1], outs, 10)
-    assert_matches_hf(llama_dir, prompts, ref, 10)
+    reference.compare_all(prompts + prompts[::-1], outs, 10)
+    reference.compare_all(prompts, ref, 10)
     assert_no_leak(llm)
 
 
-def test_decode_attends_shared_prefix_once_for_the_batch(llama_dir, monkeypatch):
+def test_decode_attends_shared_prefix_once_for_the_batch(llama_dir, reference, monkeypatch):
     """Sequences decoding over the same cached prefix blocks use the shared-prefix path
     (the prefix gathered once for the batch), and their tokens stay HF's."""
     import model
@@ -303,21 +277,8 @@ def test_decode_attends_shared_prefix_once_for_the_batch(llama_dir, monkeypatch)
     prefix = random_prompt(48, seed=90)
     prompts = [prefix + random_prompt(3 + 4 * i, seed=91 + i) for i in range(5)]
     llm = make_llm(llama_dir, block_size=8)
-    llm.generate([prefix + [5]], SamplingParams(max_tokens=1, **GREEDY), use_tqdm=False)  # cache it
-    outs = llm.generate(prompts, SamplingParams(max_tokens=12, **GREEDY), use_tqdm=False)
+    llm.generate([prefix + [5]], greedy(1), use_tqdm=False)  # cache it
+    outs = llm.generate(prompts, greedy(12), use_tqdm=False)
     assert calls and max(calls) == 5
-    assert_matches_hf(llama_dir, prompts, outs, 12)
-    assert_no_leak(llm)
-
-
-def test_cache_salt_in_a_vllm_style_prompt_dict(llama_dir):
-    llm = make_llm(llama_dir, block_size=8)
-    prompt = random_prompt(40, seed=9)
-    params = SamplingParams(max_tokens=3, **GREEDY)
-    first = llm.generate([{"prompt_token_ids": prompt, "cache_salt": "a"}], params, use_tqdm=False)
-    llm.generate([{"prompt_token_ids": prompt, "cache_salt": "b"}], params, use_tqdm=False)
-    assert llm.stats()["prefix_cache_hits"] == 0
-    again = llm.generate([{"prompt_token_ids": prompt, "cache_salt": "a"}], params, use_tqdm=False)
-    assert llm.stats()["prefix_cache_hits"] == 32
-    assert again[0].token_ids == first[0].token_ids
+    reference.compare_all(prompts, outs, 12)
     assert_no_leak(llm)

@@ -9,7 +9,7 @@ prefix cache is reset at random steps, and some steps have an exception injected
 model forward (before or after it wrote K/V) or into sampling. After every step
 ``check_accounting`` must hold; at the end nothing may be in use, every request that was not
 aborted must have finished, and its greedy tokens, length and finish reason must equal the
-same prompt run alone on a cache-off engine (up to the reference's first near-tie).
+same prompt's HF greedy tokens (run alone; up to the reference's first near-tie).
 
 HYPOTHESIS_EXAMPLES (default 200) sets the number of examples; the run is derandomized.
 """
@@ -25,10 +25,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine import SamplingParams
-from hf_reference import make_llm, random_prompt
-from invariants import (FAULT_KINDS, FaultInjector, GreedyReference, InjectedFault,
-                        assert_idle, assert_nothing_committed, check_accounting, drain,
-                        snapshot)
+from helpers import drain, greedy, make_llm, random_prompt
+from invariants import (FAULT_KINDS, FaultInjector, InjectedFault, assert_idle,
+                        assert_nothing_committed, check_accounting, snapshot)
 
 EXAMPLES = int(os.environ.get("HYPOTHESIS_EXAMPLES", 200))
 MAX_PROMPT, MAX_TOKENS = 80, 12
@@ -94,7 +93,7 @@ def workloads(draw):
 def stop_ids(reference, r: Req) -> list[int]:
     if r.stop_index is None:
         return []
-    return [reference.get(r.prompt, r.max_tokens)[0][r.stop_index]]
+    return [reference.get(r.prompt, r.max_tokens).tokens[r.stop_index]]
 
 
 def run_workload(llm, reference, reqs: list[Req], faults: dict[int, str], resets=frozenset(),
@@ -113,8 +112,7 @@ def run_workload(llm, reference, reqs: list[Req], faults: dict[int, str], resets
             step = reqs[order[0]].arrival  # idle engine: jump to the next arrival
         while order and reqs[order[0]].arrival <= step:
             i = order.pop(0)
-            sp = SamplingParams(temperature=0.0, max_tokens=reqs[i].max_tokens, ignore_eos=True,
-                                stop_token_ids=stop_ids(reference, reqs[i]))
+            sp = greedy(reqs[i].max_tokens, stop_token_ids=stop_ids(reference, reqs[i]))
             rid = llm.add_request({"prompt_token_ids": reqs[i].prompt, "cache_salt": reqs[i].salt}, sp)
             assert rid not in ids
             ids[rid], index_id[i] = i, rid
@@ -152,11 +150,6 @@ def run_workload(llm, reference, reqs: list[Req], faults: dict[int, str], resets
         step += 1
         assert step < max_steps, "engine made no progress (livelock?)"
     return outputs, aborted, (injector.fired if injector else 0)
-
-
-@pytest.fixture(scope="module")
-def reference(llama_dir):
-    return GreedyReference(llama_dir)
 
 
 _seen = dict(examples=0, requests=0, aborted=0, faults=0, cache_on=0, cache_hit_tokens=0,
@@ -245,8 +238,7 @@ def test_hash_collision_costs_only_a_miss(llama_dir, reference):
     llm = make_llm(llama_dir, block_size=4, num_kv_blocks=32)
     llm.prefix_cache.hash_fn = lambda data, seed: forced.get(data, xxhash.xxh3_64_intdigest(data, seed=seed) | 1 << 40)
     for name, prompt in (("S0", Z + t), ("S1", A + B + t), ("S2", X + t), ("S3", X + B + t)):
-        (out,) = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True),
-                              use_tqdm=False)
+        (out,) = llm.generate([prompt], greedy(6), use_tqdm=False)
         reference.compare(prompt, out.token_ids, 6, name)
     check_accounting(llm)
     assert_idle(llm)

@@ -2,10 +2,10 @@
 
 Waves of requests go in through ``add_request`` (with a few steps between waves, and some
 requests aborted while queued or running) and through ``generate`` batches. The accounting
-is checked after every step; every finished request is compared with the same prompt run
-alone on a cache-off engine; at the end nothing is held and nothing grew: no block in use,
+is checked after every step; every finished request is compared with HF greedy on the
+prompt alone; at the end nothing is held and nothing grew: no block in use,
 the free queue holds the whole pool, the prefix cache has at most one entry per block, no
-request or queue entry is left, no finished ``Sequence`` is still alive, and the Python
+request or queue entry is left, no finished ``Sequence`` is still alive, and no more Python
 engine objects of any class are alive at the end than at the idle midpoint (1,000 requests).
 """
 from __future__ import annotations
@@ -15,19 +15,13 @@ from collections import Counter
 import weakref
 
 import numpy as np
-import pytest
 
-from engine import SamplingParams, Sequence
-from hf_reference import make_llm, random_prompt
-from invariants import GreedyReference, assert_idle, check_accounting
+from engine import Sequence
+from helpers import greedy, make_llm, random_prompt, sequence_of
+from invariants import assert_idle, check_accounting
 
 NUM_REQUESTS = 2000
 ENGINE_MODULES = {"engine", "scheduler", "block_manager", "prefix_cache", "sampler", "model", "outputs"}
-
-
-@pytest.fixture(scope="module")
-def reference(llama_dir):
-    return GreedyReference(llama_dir)
 
 
 def _census() -> Counter:
@@ -77,8 +71,7 @@ def test_soak_2000_requests(llama_dir, reference):
         if rng.random() < 0.3 and not llm.has_unfinished_requests():
             reqs = [make_request() for _ in range(wave)]
             outs = llm.generate([p for p, _ in reqs],
-                                [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
-                                 for _, n in reqs], use_tqdm=False)
+                                [greedy(n) for _, n in reqs], use_tqdm=False)
             for (p, n), o in zip(reqs, outs):
                 results.append((p, n, o))
                 soak_ids.add(int(o.request_id))
@@ -86,11 +79,11 @@ def test_soak_2000_requests(llama_dir, reference):
             continue
         for _ in range(wave):
             p, n = make_request()
-            rid = llm.add_request(p, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
+            rid = llm.add_request(p, greedy(n))
             soak_ids.add(int(rid))
             pending[rid] = (p, n)
             if len(watched) < 200 and rng.random() < 0.2:
-                watched.append(weakref.ref(llm._requests[rid]))
+                watched.append(weakref.ref(sequence_of(llm, rid)))
         submitted += wave
         for _ in range(int(rng.integers(1, 6))):
             if rng.random() < 0.15 and pending:  # abort a queued or running request
@@ -114,12 +107,11 @@ def test_soak_2000_requests(llama_dir, reference):
                           finish_reason=o.finish_reason)
     reference.assert_not_vacuous(0.9)
 
-    # nothing leaked, nothing grew
+    # nothing leaked, nothing grew (assert_idle: no request registered, queued or running)
     assert_idle(llm)
     bm = llm.block_manager
     assert len(bm.free_queue) == bm.num_blocks == 20
     assert llm.prefix_cache.num_cached_blocks <= bm.num_blocks and peak_cached <= bm.num_blocks
-    assert llm._requests == {} and not llm.scheduler.waiting and not llm.scheduler.running
     stats = llm.stats()
     assert stats["prefix_cache_hits"] > 0.3 * stats["prefix_cache_queries"], stats
     assert stats["preemptions"] > 0 and stats["evictions"] > 0, stats
