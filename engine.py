@@ -1,4 +1,4 @@
-"""The engine of step14_5: ``LLM`` and its step loop.
+"""The engine of step14_5: ``LLM`` and its step loop, behind vLLM's offline API.
 
 One engine step: schedule -> one model forward for every scheduled token -> sample ->
 commit (advance each sequence, cache the blocks it filled) -> append tokens -> return the
@@ -6,6 +6,12 @@ finished requests. The chapter itself -- the chain hash, the lookup, the save --
 prefix_cache.py; the scheduler (scheduler.py) calls it when it admits a sequence and when
 it commits a step. ``hash_strategy="recompute"`` keeps the chapter's "before" column
 runnable; it changes how hashes are obtained and nothing else.
+
+The API is vLLM's: ``LLM(model, **engine_args)`` (engine_args.py sorts vLLM's arguments),
+``generate`` / ``chat`` with ``SamplingParams``, ``LLMEngine`` / ``EngineArgs`` for a
+request-level loop, ``TokensPrompt`` / ``TextPrompt``. Intake (intake.py) checks a request
+completely before it is queued; after that a request that fails anyway (a tokenizer error)
+finishes alone with ``finish_reason="error"``.
 """
 from __future__ import annotations
 
@@ -14,21 +20,32 @@ import json
 import os
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from block_manager import BlockManager, KVCachePool
+from engine_args import EngineArgs, translate_engine_args
+from intake import (ParamsContext, TextPrompt, TokensPrompt, child_params, parse_prompt,
+                    prepare_params)
 from model import SeqChunk, load_model
-from outputs import CompletionOutput, RequestOutput
+from outputs import CompletionOutput, IncrementalDetokenizer, Logprob, RequestOutput, TokenTexts
 from prefix_cache import HASH_STRATEGIES, PrefixCache
-from sampler import Sampler
-from sampling_params import SamplingParams
+from request_state import RequestState, SequenceState, record_token
+from sampler import SamplerOutput, Sampler, prompt_logprobs
+from sampling_params import RequestOutputKind, SamplingParams
 from scheduler import ScheduledChunk, Scheduler, SchedulerConfig, Sequence
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Sequence"]
+__all__ = ["LLM", "LLMEngine", "EngineArgs", "SamplingParams", "RequestOutputKind",
+           "RequestOutput", "CompletionOutput", "Logprob", "TextPrompt", "TokensPrompt",
+           "Sequence"]
+
+LOGPROBS_MODES = ("raw_logprobs",)
+NO_TEXTS = TokenTexts(None)  # decoded_token is None where detokenize=False
+SAMPLING_DEFAULT_KEYS = ("repetition_penalty", "presence_penalty", "frequency_penalty",
+                         "temperature", "top_k", "top_p", "min_p", "max_new_tokens")
 
 
 @dataclass
@@ -40,12 +57,19 @@ class EngineConfig:
     cpu_kv_cache_fraction: float = 0.1      # fraction of available RAM (CPU)
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
-    max_model_len: int | None = None
+    max_model_len: int | None = None        # None: the checkpoint's; above it is an error
     device: str | None = None
     dtype: str | None = "auto"
     seed: int | None = 0
     enable_prefix_caching: bool = True
     hash_strategy: str = "incremental"
+    max_logprobs: int = 20                  # as vLLM: -1 allows the whole vocabulary
+    logprobs_mode: str = "raw_logprobs"
+    tokenizer: str | None = None            # tokenizer directory, if not the model's
+    skip_tokenizer_init: bool = False       # no tokenizer: token-id prompts, no text
+    chat_template: str | None = None        # a Jinja template (or a file) for chat()
+    generation_config: str = "auto"         # "auto" (the model's), "vllm" (none), or a dir
+    override_generation_config: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
@@ -62,24 +86,34 @@ class EngineConfig:
             raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
         if self.hash_strategy not in HASH_STRATEGIES:
             raise ValueError(f"hash_strategy must be one of {HASH_STRATEGIES}, got {self.hash_strategy!r}")
+        self._check_vllm_fields()
+
+    def _check_vllm_fields(self) -> None:
+        if not isinstance(self.max_logprobs, int) or self.max_logprobs < -1:
+            raise ValueError(f"max_logprobs must be an integer >= -1, got {self.max_logprobs!r}")
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"logprobs_mode={self.logprobs_mode!r} is not supported: logprobs "
+                             f"are always of the raw model distribution ('raw_logprobs')")
+        if not isinstance(self.override_generation_config, dict):
+            raise ValueError("override_generation_config must be a dict")
 
 
 class LLM:
     """Offline inference on a local Hugging Face checkpoint: ``LLM(model_dir).generate(prompts)``."""
 
     def __init__(self, model: str | os.PathLike, **engine_args) -> None:
-        unknown = set(engine_args) - set(EngineConfig.__dataclass_fields__)
-        if unknown:
-            raise TypeError(f"unknown engine argument(s): {', '.join(sorted(unknown))}")
-        self.config = EngineConfig(**engine_args)
+        self.config = EngineConfig(**translate_engine_args(engine_args,
+                                                           EngineConfig.__dataclass_fields__))
         self.device = torch.device(self.config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.model, _ = load_model(model, self.config.dtype, self.device)
         self.model_config = self.model.config
         self.dtype = next(self.model.parameters()).dtype
-        self.tokenizer = _load_tokenizer(Path(model))
-        self.eos_token_ids = set(_eos_token_ids(Path(model), self.model_config))
-        self.max_model_len = min(self.config.max_model_len or self.model_config.max_position_embeddings,
-                                 self.model_config.max_position_embeddings)
+        self.model_path = Path(model)
+        self.tokenizer = (None if self.config.skip_tokenizer_init
+                          else _load_tokenizer(Path(self.config.tokenizer or model)))
+        self.generation_config = _generation_config(self.model_path, self.config)
+        self.eos_token_ids = set(_eos_token_ids(self.model_path, self.model_config))
+        self.max_model_len = self._resolve_max_model_len()
         self.kv_cache = self._allocate_kv_cache()
         self.block_manager = BlockManager(self.num_blocks, self.block_size)
         self.prefix_cache = (PrefixCache(self.block_manager, self.config.hash_strategy)
@@ -87,10 +121,17 @@ class LLM:
         self.scheduler = Scheduler(SchedulerConfig(self.config.max_num_seqs,
                                                    self.config.max_num_batched_tokens),
                                    self.block_manager, self.prefix_cache)
-        self.sampler = Sampler(self.device, self.config.seed)
+        self.sampler = Sampler(self.device, self.config.seed, sorted(self.eos_token_ids))
+        self._init_request_tables()
+
+    def _init_request_tables(self) -> None:
         self._counters = dict(generation_tokens=0, steps=0)
         self._request_ids = itertools.count()
-        self._requests: dict[str, Sequence] = {}
+        self._token_texts = TokenTexts(self.tokenizer)
+        self._states: dict[str, RequestState] = {}       # request id -> its record
+        self._seq_states: dict[Sequence, SequenceState] = {}
+        self._seq_requests: dict[Sequence, RequestState] = {}
+        self._requests: dict[str, Sequence] = {}         # sequence id -> queued / running sequence
         self._unclaimed: list[RequestOutput] = []
 
     @property
@@ -98,6 +139,15 @@ class LLM:
         return self.config.block_size
 
     # ------------------------------------------------------------------ set-up
+
+    def _resolve_max_model_len(self) -> int:
+        limit = self.model_config.max_position_embeddings
+        wanted = self.config.max_model_len
+        if wanted is not None and wanted > limit:
+            raise ValueError(f"max_model_len={wanted} is greater than the checkpoint's "
+                             f"max_position_embeddings ({limit}); positions beyond it were "
+                             f"never trained (vLLM raises here too)")
+        return wanted or limit
 
     def _allocate_kv_cache(self) -> KVCachePool:
         cfg = self.model_config
@@ -128,76 +178,111 @@ class LLM:
         """Forget cached-and-free blocks; True if the cache is now empty (as vLLM's)."""
         return self.prefix_cache.reset() if self.prefix_cache else True
 
+    # ------------------------------------------------------------------ vLLM's accessors
+
+    def get_tokenizer(self):
+        return self.tokenizer
+
+    @property
+    def llm_engine(self) -> "LLMEngine":
+        """vLLM's ``LLM.llm_engine``: the request-level interface of this same engine."""
+        return LLMEngine(self)
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """The checkpoint's sampling defaults (generation_config.json: temperature, top_p,
+        top_k, min_p, penalties, max_new_tokens -> max_tokens), as vLLM reads them."""
+        found = {k: self.generation_config[k] for k in SAMPLING_DEFAULT_KEYS
+                 if self.generation_config.get(k) is not None}
+        if "max_new_tokens" in found:
+            found["max_tokens"] = found.pop("max_new_tokens")
+        return SamplingParams(**found)
+
     # ------------------------------------------------------------------ requests
 
-    def add_request(self, prompt, sampling_params: SamplingParams | None = None) -> str:
+    def add_request(self, prompt, sampling_params: SamplingParams | None = None,
+                    request_id: str | None = None) -> str:
         """Queue one request; returns its id. Validates before anything is queued."""
-        seq = self._make_sequence(prompt, sampling_params)
-        self._enqueue(seq)
-        return seq.request_id
+        state = self._make_request(prompt, sampling_params, request_id)
+        self._enqueue(state)
+        return state.request_id
 
-    def _make_sequence(self, prompt, sampling_params: SamplingParams | None) -> Sequence:
-        params = sampling_params or SamplingParams()
-        if not isinstance(params, SamplingParams):
-            raise TypeError(f"sampling_params must be SamplingParams, got {type(params).__name__}")
-        salt = _cache_salt(prompt, params)
-        token_ids = self._tokenize(prompt)
-        self._validate_prompt(token_ids, params)
-        text = prompt.get("prompt") if isinstance(prompt, dict) else prompt
-        root = self.prefix_cache.root_hash(salt) if self.prefix_cache else 0
-        return Sequence(token_ids, params, request_id=str(next(self._request_ids)), cache_salt=salt,
-                        root_hash=root, prompt_text=text if isinstance(text, str) else None)
+    def _make_request(self, prompt, sampling_params, request_id: str | None = None) -> RequestState:
+        """Everything that can fail about a request, before anything is queued or allocated."""
+        parsed = parse_prompt(prompt, self.tokenizer, self.model_config.vocab_size)
+        if sampling_params is None:
+            sampling_params = self.get_default_sampling_params()
+        params = prepare_params(sampling_params, parsed.token_ids.size, self._params_context())
+        self._check_fits(parsed.token_ids.size, params.max_tokens)
+        state = RequestState(self._new_request_id(request_id, params.n), parsed.text,
+                             parsed.token_ids.tolist(), params)
+        root = self.prefix_cache.root_hash(parsed.cache_salt) if self.prefix_cache else 0
+        for index, child in enumerate(child_params(params)):
+            seq_id = state.request_id if params.n == 1 else f"{index}_{state.request_id}"
+            seq = Sequence(parsed.token_ids, child, request_id=seq_id, cache_salt=parsed.cache_salt,
+                           root_hash=root, prompt_text=parsed.text)
+            state.sequences.append(SequenceState(index, seq, self._detokenizer(child),
+                                                 None if child.logprobs is None else 0.0))
+        return state
 
-    def _tokenize(self, prompt) -> np.ndarray:
-        """A string, a list / array / tensor of ids, or a vLLM-style dict with ``prompt`` or
-        ``prompt_token_ids`` (and optionally ``cache_salt``)."""
-        if isinstance(prompt, dict):
-            if "prompt_token_ids" not in prompt and "prompt" not in prompt:
-                raise ValueError("a dict prompt needs 'prompt' (text) or 'prompt_token_ids'")
-            prompt = prompt.get("prompt_token_ids", prompt.get("prompt"))
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError("a text prompt needs a tokenizer, but the checkpoint has none; "
-                                 "pass token ids instead")
-            prompt = self.tokenizer(prompt)["input_ids"]
-        elif isinstance(prompt, torch.Tensor):
-            prompt = prompt.cpu().numpy()
-        token_ids = np.asarray(prompt)
-        if token_ids.size and (token_ids.ndim != 1 or not np.issubdtype(token_ids.dtype, np.integer)):
-            raise ValueError(f"a prompt must be a string or a flat list of integer token ids, "
-                             f"got an array of shape {token_ids.shape} and dtype {token_ids.dtype}")
-        return token_ids.astype(np.int64)
+    def _params_context(self) -> ParamsContext:
+        return ParamsContext(self.model_config.vocab_size, self.config.max_logprobs,
+                             self.max_model_len, self.tokenizer)
 
-    def _validate_prompt(self, token_ids: np.ndarray, params: SamplingParams) -> None:
-        """Every check that can fail, before any memory or state is touched."""
-        if token_ids.size == 0:
-            raise ValueError("empty prompt: a request needs at least one token")
-        vocab = self.model_config.vocab_size
-        out_of_range = (token_ids < 0) | (token_ids >= vocab)
-        if out_of_range.any():
-            raise ValueError(f"token id {int(token_ids[out_of_range][0])} is out of range "
-                             f"for vocab size {vocab}")
-        total = token_ids.size + params.max_tokens
+    def _new_request_id(self, request_id, n: int) -> str:
+        if request_id is None:
+            request_id = str(next(self._request_ids))
+            while request_id in self._states:
+                request_id = str(next(self._request_ids))
+        if not isinstance(request_id, str):
+            raise TypeError(f"request_id must be a string, got {type(request_id).__name__}")
+        seq_ids = [request_id] if n == 1 else [f"{i}_{request_id}" for i in range(n)]
+        if request_id in self._states or any(s in self._requests for s in seq_ids):
+            raise ValueError(f"request id {request_id!r} is already in use")
+        return request_id
+
+    def _check_fits(self, num_prompt_tokens: int, max_tokens: int) -> None:
+        total = num_prompt_tokens + max_tokens
         if total > self.max_model_len:
-            raise ValueError(f"prompt ({token_ids.size} tokens) + max_tokens ({params.max_tokens}) "
+            raise ValueError(f"prompt ({num_prompt_tokens} tokens) + max_tokens ({max_tokens}) "
                              f"= {total} exceeds max_model_len {self.max_model_len}")
         needed = -(-(total - 1) // self.block_size)  # the last generated token needs no K/V slot
         if needed > self.num_blocks:
             raise ValueError(f"request needs {needed} KV blocks (prompt + max_tokens = {total} "
                              f"tokens) but the whole pool has {self.num_blocks}; raise num_kv_blocks")
 
-    def _enqueue(self, seq: Sequence) -> None:
-        seq.arrival_time = time.perf_counter()
-        self._requests[seq.request_id] = seq
-        self.scheduler.add(seq)
+    def _detokenizer(self, params: SamplingParams) -> IncrementalDetokenizer | None:
+        if self.tokenizer is None or not params.detokenize:
+            return None
+        return IncrementalDetokenizer(self.tokenizer, params)
+
+    def _enqueue(self, state: RequestState) -> None:
+        now = time.perf_counter()
+        state.metrics["arrival_time"] = now
+        self._states[state.request_id] = state
+        for seq_state in state.sequences:
+            seq = seq_state.seq
+            seq.arrival_time = now
+            self._requests[seq.request_id] = seq
+            self._seq_states[seq], self._seq_requests[seq] = seq_state, state
+            self.scheduler.add(seq)
 
     def abort(self, request_id: str) -> bool:
-        """Cancel a queued or running request; its blocks return (cached ones stay reusable)."""
-        seq = self._requests.pop(str(request_id), None)
-        if seq is None:
+        """Cancel a queued or running request (all its sequences); its blocks return (cached
+        ones stay reusable). False if it is unknown or already finished."""
+        state = self._states.pop(str(request_id), None)
+        if state is None:
             return False
-        self.scheduler.abort(seq)
+        for seq_state in state.sequences:
+            seq = seq_state.seq
+            if not seq.is_finished:
+                self.scheduler.abort(seq)
+            self._forget_sequence(seq)
         return True
+
+    def _forget_sequence(self, seq: Sequence) -> None:
+        self._requests.pop(seq.request_id, None)
+        self._seq_states.pop(seq, None)
+        self._seq_requests.pop(seq, None)
 
     def has_unfinished_requests(self) -> bool:
         """True while a request runs or waits, or has finished with its output not yet returned."""
@@ -213,81 +298,153 @@ class LLM:
         unclaimed, self._unclaimed = self._unclaimed, []
         return unclaimed + self._step()
 
-    def _step(self) -> list[RequestOutput]:
+    def _step(self, stream: bool = False) -> list[RequestOutput]:
+        """One step; the finished requests' outputs (and, with ``stream``, an output for every
+        request that got a token, per its ``output_kind``)."""
         chunks = self.scheduler.schedule()
         if not chunks:
             if self.scheduler.has_unfinished:
                 raise RuntimeError("scheduler made no progress although requests are pending")
             return []
+        self._note_cached_tokens(chunks)
+        plan = _LogitsPlan.build(chunks, self._seq_requests)
+        logits = self._run_model(chunks, plan.logits_index)
         sampled = [c.seq for c in chunks if c.completes_sequence]
-        logits = self._run_model(chunks)
-        tokens, logprobs = self.sampler(logits, sampled)
+        sample = self.sampler(logits[plan.sample_rows], sampled)
+        prompt_rows = self._prompt_logprob_rows(logits, plan)
         # Commit only once the forward and sampling succeeded: a step that raises leaves every
         # sequence as it was, to be scheduled again.
         self.scheduler.commit(chunks)
         self._counters["steps"] += 1
-        finished = self._append_tokens(sampled, tokens, logprobs)
-        return [self._make_output(seq) for seq in finished]
+        failed = self._store_prompt_logprobs(prompt_rows)
+        touched = self._append_tokens(sampled, sample)
+        return self._outputs(list(dict.fromkeys(failed + touched)), stream)
 
-    def _run_model(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
+    def _note_cached_tokens(self, chunks: list[ScheduledChunk]) -> None:
+        """A sequence's first chunk starts after its cached prefix: vLLM's num_cached_tokens."""
+        for chunk in chunks:
+            state = self._seq_states[chunk.seq]
+            if state.num_cached_tokens is None:
+                state.num_cached_tokens = min(chunk.seq.num_computed_tokens,
+                                              chunk.seq.num_prompt_tokens)
+
+    def _run_model(self, chunks: list[ScheduledChunk], logits_index: list[int]) -> torch.Tensor:
         seq_chunks = [SeqChunk(c.seq.num_computed_tokens, c.num_tokens, c.seq.block_table)
                       for c in chunks]
         input_ids = np.concatenate([c.seq.tokens[s.start:s.start + s.length]
                                     for c, s in zip(chunks, seq_chunks)])
         meta = self.model.prepare(seq_chunks, self.block_size)
-        ends = np.cumsum([c.num_tokens for c in chunks]) - 1
-        logits_index = [int(e) for c, e in zip(chunks, ends) if c.completes_sequence]
         return self.model(torch.from_numpy(input_ids).to(self.device), meta, self.kv_cache,
                           torch.tensor(logits_index, dtype=torch.long, device=self.device))
 
-    def _append_tokens(self, seqs: list[Sequence], tokens: list[int], logprobs) -> list[Sequence]:
-        finished = []
+    def _prompt_logprob_rows(self, logits: torch.Tensor, plan: "_LogitsPlan") -> list:
+        rows = []
+        for state, first_row, positions in plan.prompt_rows:
+            seq = state.sequences[0].seq
+            targets = seq.tokens[positions.start + 1:positions.stop + 1]
+            part = logits[first_row:first_row + len(positions)]
+            rows.append((state, prompt_logprobs(part, targets, state.params.prompt_logprobs)))
+        return rows
+
+    def _store_prompt_logprobs(self, prompt_rows: list) -> list[RequestState]:
+        """Store each request's new prompt logprobs; returns the requests that failed doing so."""
+        failed = []
+        for state, rows in prompt_rows:
+            texts = self._token_texts if state.params.detokenize else NO_TEXTS
+            if not self._guarded(state.sequences[0], lambda: state.add_prompt_logprobs(rows, texts)):
+                failed.append(state)
+        return failed
+
+    def _append_tokens(self, seqs: list[Sequence], sample: SamplerOutput) -> list[RequestState]:
+        touched = []
         now = time.perf_counter()
-        for row, (seq, token) in enumerate(zip(seqs, tokens)):
+        for row, (seq, token) in enumerate(zip(seqs, sample.token_ids)):
+            if seq.is_finished:
+                continue  # it failed while its prompt logprobs were stored
             seq.append_token(token)
             self._counters["generation_tokens"] += 1
             if seq.first_token_time is None:
                 seq.first_token_time = now
-            if logprobs is not None and seq.logprobs is not None:
-                seq.logprobs.append(logprobs[row])
-            reason = self._finish_reason(seq, token)
-            if reason is not None:
-                self.scheduler.finish(seq, reason)
-                seq.finished_time = now
-                finished.append(seq)
-        return finished
+            seq_state = self._seq_states[seq]
+            logprobs = sample.logprobs[row] if sample.logprobs is not None else None
+            self._guarded(seq_state, lambda: self._after_token(seq_state, token, logprobs))
+            touched.append(self._seq_requests[seq])
+        return touched
 
-    def _finish_reason(self, seq: Sequence, token: int) -> str | None:
-        params = seq.sampling_params
-        if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
+    def _after_token(self, seq_state: SequenceState, token: int, logprobs) -> None:
+        texts = self._token_texts if seq_state.seq.sampling_params.detokenize else NO_TEXTS
+        record_token(seq_state, token, logprobs, texts)
+        reason = self._finish_reason(seq_state, token)
+        if reason is not None:
+            self._finish(seq_state.seq, reason)
+
+    def _guarded(self, seq_state: SequenceState, action) -> bool:
+        """Run ``action`` for one sequence; if it raises (a tokenizer error), that sequence
+        alone finishes with finish_reason "error" and the rest of the batch goes on."""
+        try:
+            action()
+            return True
+        except Exception as exc:  # noqa: BLE001 -- any failure here is this request's alone
+            seq = seq_state.seq
+            warnings.warn(f"could not decode output tokens of request {seq.request_id}: {exc!r}; "
+                          f"it finishes with finish_reason 'error' and text None")
+            seq_state.detokenizer = None
+            if not seq.is_finished:
+                self._finish(seq, "error")
+            return False
+
+    def _finish_reason(self, seq_state: SequenceState, token: int) -> str | None:
+        """vLLM's order: EOS, a stop token id, a stop string, then the length limits."""
+        seq, params = seq_state.seq, seq_state.seq.sampling_params
+        may_stop = seq.num_output_tokens > params.min_tokens
+        is_eos = not params.ignore_eos and token in self.eos_token_ids
+        stop_token = may_stop and (is_eos or token in params.stop_token_ids)
+        detok = seq_state.detokenizer
+        stop_string = detok.update(token, stop_token) if detok is not None else None
+        if stop_token:
+            seq_state.stop_reason = None if is_eos else token
+            return "stop"
+        if stop_string is not None:
+            seq_state.stop_reason = stop_string
             return "stop"
         if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
             return "length"
         return None
 
-    def _make_output(self, seq: Sequence) -> RequestOutput:
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        self.scheduler.finish(seq, reason)
+        seq.finished_time = time.perf_counter()
         self._requests.pop(seq.request_id, None)
-        token_ids = seq.output_token_ids
-        completion = CompletionOutput(0, self._decode(token_ids), token_ids, seq.finish_reason,
-                                      seq.logprobs)
-        metrics = dict(arrival_time=seq.arrival_time, first_token_time=seq.first_token_time,
-                       finished_time=seq.finished_time, ttft=seq.first_token_time - seq.arrival_time)
-        return RequestOutput(seq.request_id, seq.prompt_text, seq.prompt_token_ids, [completion],
-                             metrics=metrics)
 
-    def _decode(self, token_ids: list[int]) -> str | None:
-        if self.tokenizer is None:
-            return None
-        try:
-            return self.tokenizer.decode(token_ids, skip_special_tokens=True)
-        except Exception as exc:  # a tokenizer failure must not lose the tokens of the batch
-            warnings.warn(f"could not decode output tokens: {exc!r}; text is None")
-            return None
+    def _outputs(self, states: list[RequestState], stream: bool) -> list[RequestOutput]:
+        outputs = []
+        for state in states:
+            kind = state.params.output_kind if stream else RequestOutputKind.FINAL_ONLY
+            if state.finished:
+                outputs.append(self._final_output(state, kind))
+            elif kind is not RequestOutputKind.FINAL_ONLY:
+                outputs.append(state.output(kind))
+        return outputs
 
-    # ------------------------------------------------------------------ generate
+    def _final_output(self, state: RequestState, kind: RequestOutputKind) -> RequestOutput:
+        self._states.pop(state.request_id, None)
+        for seq_state in state.sequences:
+            self._forget_sequence(seq_state.seq)
+        first = state.sequences[0].seq
+        finished_time = max(s.seq.finished_time or 0.0 for s in state.sequences)
+        state.metrics.update(first_token_time=first.first_token_time, finished_time=finished_time,
+                             ttft=(first.first_token_time or finished_time) - first.arrival_time)
+        return state.output(RequestOutputKind.CUMULATIVE if kind is RequestOutputKind.FINAL_ONLY
+                            else kind)
 
-    def generate(self, prompts, sampling_params=None, use_tqdm: bool = True) -> list[RequestOutput]:
-        """Run prompts (strings or token-id lists) to completion; outputs in input order."""
+    # ------------------------------------------------------------------ generate and chat
+
+    def generate(self, prompts, sampling_params=None, use_tqdm: bool = True, *,
+                 lora_request=None, priority=None, **unsupported) -> list[RequestOutput]:
+        """Run prompts (strings, prompt dicts or token-id lists) to completion; outputs in
+        input order. ``sampling_params``: one for all, a list (one per prompt), or None (the
+        checkpoint's defaults, ``get_default_sampling_params()``)."""
+        _reject_request_extras(lora_request, priority, unsupported)
         prompts = _as_prompt_list(prompts)
         if isinstance(sampling_params, (list, tuple)):
             if len(sampling_params) != len(prompts):
@@ -295,17 +452,17 @@ class LLM:
             params = list(sampling_params)
         else:
             params = [sampling_params] * len(prompts)
-        seqs = [self._make_sequence(p, sp) for p, sp in zip(prompts, params)]  # validate all first
-        for seq in seqs:
-            self._enqueue(seq)
-        order = {seq.request_id: i for i, seq in enumerate(seqs)}
-        results: list[RequestOutput | None] = [None] * len(seqs)
+        states = [self._make_request(p, sp) for p, sp in zip(prompts, params)]  # validate all first
+        for state in states:
+            self._enqueue(state)
+        order = {state.request_id: i for i, state in enumerate(states)}
+        results: list[RequestOutput | None] = [None] * len(states)
         try:
             self._run_until_done(order, results, use_tqdm)
         finally:
-            for seq in seqs:  # on an error, leave nothing of this call behind
-                if not seq.is_finished:
-                    self.abort(seq.request_id)
+            for state in states:  # on an error, leave nothing of this call behind
+                if state.request_id in self._states:
+                    self.abort(state.request_id)
         return results
 
     def _run_until_done(self, order: dict, results: list, use_tqdm: bool) -> None:
@@ -324,6 +481,46 @@ class LLM:
             rate = (self._counters["generation_tokens"] - tokens_at_start) / max(elapsed, 1e-9)
             bar.set_postfix_str(f"{rate:.1f} out tok/s", refresh=False)
         bar.close()
+
+    def chat(self, messages, sampling_params=None, use_tqdm: bool = True, *, lora_request=None,
+             chat_template: str | None = None, add_generation_prompt: bool = True,
+             continue_final_message: bool = False, tools=None, chat_template_kwargs=None,
+             **unsupported) -> list[RequestOutput]:
+        """vLLM's ``chat``: one conversation (a list of {"role", "content"} dicts) or a list of
+        them, rendered with the tokenizer's chat template (or ``chat_template``), generated."""
+        unsupported.pop("chat_template_content_format", None)  # plain-text contents only
+        _reject_request_extras(lora_request, None, unsupported)
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        prompts = [self._render_chat(c, chat_template, add_generation_prompt,
+                                     continue_final_message, tools, chat_template_kwargs or {})
+                   for c in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def _render_chat(self, conversation, template, add_generation_prompt, continue_final_message,
+                     tools, extra: dict) -> TokensPrompt:
+        if self.tokenizer is None:
+            raise ValueError("chat() needs a tokenizer with a chat template, but the checkpoint "
+                             "has no tokenizer")
+        template = _read_template(template or self.config.chat_template)
+        if template is None and not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError("chat() needs a chat template: the tokenizer has none; pass "
+                             "chat_template=... (to chat() or to LLM)")
+        text = self.tokenizer.apply_chat_template(
+            conversation, tokenize=False, add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message, tools=tools, chat_template=template,
+            **extra)
+        # The template writes the special tokens itself (BOS included), as in vLLM.
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return TokensPrompt(prompt_token_ids=ids, prompt=text)
+
+    def beam_search(self, *args, **kwargs):
+        raise NotImplementedError("beam search is not supported by this engine")
+
+    def encode(self, *args, **kwargs):
+        raise NotImplementedError("pooling (encode / embed / classify / score) is not supported: "
+                                  "this engine runs generative models only")
+
+    embed = classify = score = encode
 
     # ------------------------------------------------------------------ stats
 
@@ -347,13 +544,97 @@ class LLM:
         )
 
 
-def _cache_salt(prompt, params: SamplingParams) -> str | None:
-    """vLLM takes ``cache_salt`` in the prompt dict."""
-    salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
-    salt = salt if salt is not None else getattr(params, "cache_salt", None)
-    if salt is not None and not isinstance(salt, str):
-        raise ValueError(f"cache_salt must be a string, got {type(salt).__name__}")
-    return salt
+@dataclass
+class _LogitsPlan:
+    """Which packed positions of a step need logits: each sampled sequence's last position,
+    and the prompt positions of requests that asked for prompt logprobs."""
+
+    logits_index: list[int]
+    sample_rows: list[int]
+    prompt_rows: list[tuple[RequestState, int, range]]  # (request, first logits row, positions)
+
+    @classmethod
+    def build(cls, chunks: list[ScheduledChunk], requests: dict) -> "_LogitsPlan":
+        plan, offset = cls([], [], []), 0
+        for chunk in chunks:
+            seq, start = chunk.seq, chunk.seq.num_computed_tokens
+            positions = _prompt_positions(requests[seq], seq, start, start + chunk.num_tokens)
+            if positions:
+                plan.prompt_rows.append((requests[seq], len(plan.logits_index), positions))
+                plan.logits_index += [offset + p - start for p in positions]
+            if chunk.completes_sequence:
+                plan.sample_rows.append(len(plan.logits_index))
+                plan.logits_index.append(offset + chunk.num_tokens - 1)
+            offset += chunk.num_tokens
+        return plan
+
+
+def _prompt_positions(state: RequestState, seq: Sequence, start: int, end: int) -> range:
+    """Positions p in [start, end) whose logits score prompt token p + 1 and are still missing
+    (only the request's first sequence computes them, once, even if it is preempted)."""
+    if state.params.prompt_logprobs is None or seq is not state.sequences[0].seq:
+        return range(0)
+    first_missing = max(state.prompt_logprobs_done, 1) - 1
+    return range(max(start, first_missing), min(end, seq.num_prompt_tokens - 1))
+
+
+class LLMEngine:
+    """vLLM's ``LLMEngine``: a thin request-level layer on an ``LLM``. ``step()`` returns an
+    output for every request that got a token (per its ``output_kind``; vLLM's default,
+    CUMULATIVE, is everything so far, with ``finished`` telling when it is done)."""
+
+    def __init__(self, llm: LLM) -> None:
+        self.llm = llm
+
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs, **_ignored) -> "LLMEngine":
+        return cls(LLM(engine_args.model, **engine_args.kwargs))
+
+    def add_request(self, request_id: str, prompt, params: SamplingParams, arrival_time=None,
+                    lora_request=None, priority: int = 0, **unsupported) -> str:
+        _reject_request_extras(lora_request, priority, unsupported)
+        if not isinstance(request_id, str):
+            raise TypeError(f"request_id must be a string, got {type(request_id).__name__}")
+        return self.llm.add_request(prompt, params, request_id=request_id)
+
+    def step(self) -> list[RequestOutput]:
+        unclaimed, self.llm._unclaimed = self.llm._unclaimed, []
+        return unclaimed + self.llm._step(stream=True)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.llm.has_unfinished_requests()
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.llm._states)
+
+    def abort_request(self, request_ids) -> None:
+        for request_id in [request_ids] if isinstance(request_ids, str) else request_ids:
+            self.llm.abort(request_id)
+
+    def get_tokenizer(self):
+        return self.llm.tokenizer
+
+    def reset_prefix_cache(self) -> bool:
+        return self.llm.reset_prefix_cache()
+
+
+def _reject_request_extras(lora_request, priority, unsupported: dict) -> None:
+    if lora_request is not None:
+        raise ValueError("lora_request is not supported: this engine has no LoRA adapters")
+    priorities = priority if isinstance(priority, (list, tuple)) else [priority]
+    if any(p not in (None, 0) for p in priorities):
+        raise ValueError("priority is not supported: requests are served first come, first "
+                         "served (vLLM too raises without scheduling_policy='priority')")
+    for name, value in unsupported.items():
+        if value is not None:
+            raise TypeError(f"{name} is not supported by this engine")
+
+
+def _read_template(template: str | None) -> str | None:
+    """A chat template given as text, or as the path of a file holding it."""
+    if template is not None and "{" not in template and Path(template).is_file():
+        return Path(template).read_text()
+    return template
 
 
 def _as_prompt_list(prompts) -> list:
@@ -378,13 +659,30 @@ def _load_tokenizer(path: Path):
     return AutoTokenizer.from_pretrained(path)
 
 
+def _generation_config(model_path: Path, config: EngineConfig) -> dict:
+    """generation_config.json as vLLM reads it: the model's ("auto"), none ("vllm"), or the one
+    in another directory; then ``override_generation_config`` on top."""
+    source = config.generation_config
+    folder = None if source == "vllm" else model_path if source == "auto" else Path(source)
+    found = {}
+    if folder is not None:
+        path = folder / "generation_config.json"
+        if source not in ("auto", "vllm") and not path.is_file():
+            raise FileNotFoundError(f"generation_config={source!r}: no generation_config.json there")
+        if path.is_file():
+            found = json.loads(path.read_text())
+    return {**found, **config.override_generation_config}
+
+
 def _eos_token_ids(path: Path, model_config) -> tuple[int, ...]:
-    """EOS ids from generation_config.json when present, else from config.json."""
+    """EOS ids from generation_config.json when it exists (even without an eos_token_id:
+    then none, as HF ``generate`` and vLLM do), else from config.json."""
     gen = path / "generation_config.json"
     if gen.is_file():
         eos = json.loads(gen.read_text()).get("eos_token_id")
-        if eos is not None:
-            return tuple(eos) if isinstance(eos, list) else (int(eos),)
+        if eos is None:
+            return ()
+        return tuple(eos) if isinstance(eos, list) else (int(eos),)
     return model_config.eos_token_ids
 
 

@@ -48,10 +48,9 @@ class CompletionOutput:
     index: int
     text: str | None
     token_ids: list[int]
-    # PHASE-1 ORDER (the engine still builds it positionally); vLLM's order comes with the engine.
-    finish_reason: str | None = None           # "stop", "length", "abort", "error" or None
-    logprobs: list[PositionLogprobs] | None = None
     cumulative_logprob: float | None = None   # None unless logprobs were requested (vLLM)
+    logprobs: list[PositionLogprobs] | None = None
+    finish_reason: str | None = None           # "stop", "length", "abort", "error" or None
     stop_reason: int | str | None = None       # the stop string or stop token id that ended it
 
     def finished(self) -> bool:

@@ -63,7 +63,7 @@ class Sampler:
         else:
             self.generator.seed()
 
-    def sample(self, logits: torch.Tensor, seqs) -> SamplerOutput:
+    def __call__(self, logits: torch.Tensor, seqs) -> SamplerOutput:
         """logits: float32 [B, V], one row per sequence (anything with ``sampling_params``,
         ``tokens``, ``num_prompt_tokens``, ``num_tokens``, ``num_output_tokens``)."""
         params = [s.sampling_params for s in seqs]
@@ -76,14 +76,6 @@ class Sampler:
                                  greedy, self._sample(processed, seqs))
         token_list = tokens.tolist()
         return SamplerOutput(token_list, self._logprobs(logits, seqs, token_list))
-
-    def __call__(self, logits: torch.Tensor, seqs):
-        """Compatibility form: (token ids, per-row ``{token_id: logprob}`` or None)."""
-        out = self.sample(logits, seqs)
-        if out.logprobs is None:
-            return out.token_ids, None
-        return out.token_ids, [None if lp is None else dict(zip(lp.token_ids, lp.logprobs))
-                               for lp in out.logprobs]
 
     def _tensor(self, values, dtype) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype, device=self.device)

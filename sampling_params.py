@@ -85,8 +85,6 @@ class SamplingParams:
     watermarking: bool | None = None
     flat_logprobs: bool = False
     trace_decode_token_ids: list[int] | None = None
-    # Our extra, kept only until the engine takes the salt from the prompt dict (vLLM's way).
-    cache_salt: str | None = None
     bad_words_token_ids: list[list[int]] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -107,6 +105,12 @@ class SamplingParams:
     def uses_penalties(self) -> bool:
         return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
                 or self.frequency_penalty != 0.0)
+
+    @property
+    def skips_prefix_cache_reads(self) -> bool:
+        """Prompt logprobs need logits at every prompt position, so such a request computes its
+        whole prompt (it still saves its blocks for others); vLLM's skip_reading_prefix_cache."""
+        return bool(self.skip_reading_prefix_cache) or self.prompt_logprobs is not None
 
     def clone(self) -> "SamplingParams":
         """A deep copy (what the engine keeps at submission, as vLLM does)."""
@@ -204,8 +208,6 @@ class SamplingParams:
             raise ValueError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}")
         if self.extra_args is not None and not isinstance(self.extra_args, dict):
             raise ValueError(f"extra_args must be a dict, got {type(self.extra_args).__name__}")
-        if self.cache_salt is not None and not isinstance(self.cache_salt, str):
-            raise ValueError(f"cache_salt must be a string, got {type(self.cache_salt).__name__}")
 
     def _validate_token_constraints(self) -> None:
         self.logit_bias = _as_logit_bias(self.logit_bias)

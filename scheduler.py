@@ -201,7 +201,10 @@ class Scheduler:
 
     def _admit(self, seq: Sequence) -> bool:
         """Take cached blocks and allocate the rest for all of ``seq``'s tokens, or nothing."""
-        match = self.prefix_cache._lookup_prefix_cache(seq) if self.prefix_cache else None
+        # A request that wants prompt logprobs needs every prompt position computed.
+        reads_cache = (self.prefix_cache is not None
+                       and not seq.sampling_params.skips_prefix_cache_reads)
+        match = self.prefix_cache._lookup_prefix_cache(seq) if reads_cache else None
         if match is not None and match.next_in_flight:
             return False  # wait a step: the block is being written, then it is a hit
         cached = match.blocks if match else []

@@ -1,0 +1,180 @@
+"""vLLM's engine arguments, sorted: what this engine implements, what is neutral here, and what
+it cannot do.
+
+``LLM(model, **kwargs)`` and ``EngineArgs(model, **kwargs)`` accept vLLM's names so a vLLM script
+runs unchanged. Each name is one of:
+
+- ours: a field of ``EngineConfig`` (``block_size``, ``max_model_len``, ``seed``, ...);
+- renamed: vLLM's name for one of ours (``kv_cache_memory_bytes`` -> ``kv_cache_memory``);
+- neutral: it changes nothing in a single-process pure-PyTorch engine on one device
+  (``enforce_eager``, ``trust_remote_code``, ``tensor_parallel_size=1``, ...), accepted for
+  any value or only for its neutral values;
+- unsupported: what this engine truly cannot do (tensor parallelism > 1, LoRA, quantized
+  weights, ...): accepted at its default only, otherwise a ``ValueError`` that says why.
+
+Any other name is a ``TypeError``, as in vLLM.
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+ONE_DEVICE = "this engine runs in one process on one device"
+
+
+@dataclass(frozen=True)
+class Neutral:
+    """Accepted and ignored: ``values`` are the neutral ones (None: any value is)."""
+    why: str
+    values: tuple | None = None
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    """Accepted only at one of ``defaults``; any other value raises with ``why``."""
+    why: str
+    defaults: tuple = (None,)
+
+
+RENAMED = {
+    "kv_cache_memory_bytes": "kv_cache_memory",
+    "num_gpu_blocks_override": "num_kv_blocks",
+}
+
+NEUTRAL = {
+    "tensor_parallel_size": Neutral(ONE_DEVICE, (1,)),
+    "pipeline_parallel_size": Neutral(ONE_DEVICE, (1,)),
+    "data_parallel_size": Neutral(ONE_DEVICE, (1,)),
+    "distributed_executor_backend": Neutral(ONE_DEVICE, (None, "mp", "uni", "external_launcher")),
+    "disable_custom_all_reduce": Neutral(ONE_DEVICE),
+    "enforce_eager": Neutral("the engine is always eager (no CUDA graphs, no torch.compile)"),
+    "compilation_config": Neutral("the engine is always eager (no CUDA graphs, no torch.compile)"),
+    "cudagraph_capture_sizes": Neutral("the engine uses no CUDA graphs"),
+    "max_cudagraph_capture_size": Neutral("the engine uses no CUDA graphs"),
+    "max_seq_len_to_capture": Neutral("the engine uses no CUDA graphs"),
+    "trust_remote_code": Neutral("only the built-in architectures load; no checkpoint code runs"),
+    "disable_log_stats": Neutral("the engine logs no statistics; LLM.stats() has them"),
+    "revision": Neutral("checkpoints are local directories: no revision to choose"),
+    "tokenizer_revision": Neutral("checkpoints are local directories: no revision to choose"),
+    "code_revision": Neutral("checkpoints are local directories: no revision to choose"),
+    "download_dir": Neutral("checkpoints are local directories: nothing is downloaded"),
+    "hf_token": Neutral("checkpoints are local directories: nothing is downloaded"),
+    "use_tqdm_on_load": Neutral("loading shows no progress bar"),
+    "served_model_name": Neutral("there is no server"),
+    "swap_space": Neutral("preempted sequences are recomputed, never swapped"),
+    "enable_chunked_prefill": Neutral("prefill is always chunked to max_num_batched_tokens"),
+    "async_scheduling": Neutral("steps run synchronously; results are the same"),
+    "stream_interval": Neutral("LLMEngine.step returns every step's output"),
+    "prefix_caching_hash_algo": Neutral("blocks are always hashed with xxhash3 and verified "
+                                        "against their token ids"),
+    "tokenizer_mode": Neutral("the tokenizer loads with transformers' AutoTokenizer",
+                              ("auto", "hf", "slow")),
+    "load_format": Neutral("weights load from *.safetensors", ("auto", "safetensors")),
+    "kv_cache_dtype": Neutral("the KV cache has the model's dtype", ("auto",)),
+    "scheduling_policy": Neutral("requests are scheduled first come, first served", ("fcfs",)),
+    "runner": Neutral("the engine generates text", ("auto", "generate")),
+    "convert": Neutral("the engine generates text", ("auto", "none")),
+    "model_impl": Neutral("the engine's own decoder is the only implementation", ("auto",)),
+    "disable_sliding_window": Neutral("sliding windows follow the checkpoint", (False,)),
+    "allowed_local_media_path": Neutral("multimodal inputs are not supported", ("",)),
+    "shutdown_timeout": Neutral("there is no engine process to shut down"),
+    "max_parallel_loading_workers": Neutral("weights load in this process"),
+}
+
+UNSUPPORTED = {
+    "quantization": Unsupported("quantized weights are not supported: weights load as "
+                                "float32 / bfloat16 / float16 from safetensors"),
+    "quantization_config": Unsupported("quantized weights are not supported"),
+    "enable_lora": Unsupported("LoRA adapters are not supported", (None, False)),
+    "max_loras": Unsupported("LoRA adapters are not supported", (None, 1)),
+    "max_lora_rank": Unsupported("LoRA adapters are not supported", (None, 16)),
+    "speculative_config": Unsupported("speculative decoding is not supported"),
+    "spec_method": Unsupported("speculative decoding is not supported"),
+    "spec_model": Unsupported("speculative decoding is not supported"),
+    "spec_tokens": Unsupported("speculative decoding is not supported"),
+    "cpu_offload_gb": Unsupported("weight offloading is not supported", (None, 0)),
+    "enable_expert_parallel": Unsupported("mixture-of-experts models are not supported",
+                                          (None, False)),
+    "hf_overrides": Unsupported("config overrides are not supported; edit config.json"),
+    "logits_processors": Unsupported("custom logits processors are not supported"),
+    "kv_transfer_config": Unsupported("KV transfer between engines is not supported"),
+    "limit_mm_per_prompt": Unsupported("multimodal inputs are not supported"),
+    "mm_processor_kwargs": Unsupported("multimodal inputs are not supported"),
+    "pooler_config": Unsupported("pooling models are not supported"),
+    "enable_sleep_mode": Unsupported("sleep mode is not supported", (None, False)),
+    "worker_cls": Unsupported("custom workers are not supported", (None, "auto")),
+}
+
+
+def translate_engine_args(kwargs: dict, own_fields) -> dict:
+    """The ``EngineConfig`` keyword arguments for vLLM-style ``kwargs``: ours and renamed ones
+    kept, neutral ones dropped, anything else rejected (see the module docstring)."""
+    config, unknown = {}, []
+    for name, value in kwargs.items():
+        if name in own_fields:
+            config[name] = value
+        elif name in RENAMED:
+            config[RENAMED[name]] = value
+        elif name in NEUTRAL:
+            _check_neutral(name, value, NEUTRAL[name])
+        elif name in UNSUPPORTED:
+            _check_unsupported(name, value, UNSUPPORTED[name])
+        else:
+            unknown.append(name)
+    if unknown:
+        raise TypeError(f"unknown engine argument(s): {', '.join(sorted(unknown))} (neither "
+                        f"this engine's nor a vLLM argument it knows; see engine_args.py)")
+    return config
+
+
+def _check_neutral(name: str, value, rule: Neutral) -> None:
+    if rule.values is not None and value not in rule.values:
+        allowed = ", ".join(repr(v) for v in rule.values)
+        raise ValueError(f"{name}={value!r} is not supported: {rule.why} (accepted: {allowed})")
+
+
+def _check_unsupported(name: str, value, rule: Unsupported) -> None:
+    if value in rule.defaults or value in ({}, []):
+        return
+    raise ValueError(f"{name}={value!r} is not supported: {rule.why}")
+
+
+class EngineArgs:
+    """vLLM's ``EngineArgs``: the model and engine arguments, checked when the engine is built
+    (``LLMEngine.from_engine_args``). ``add_cli_args`` / ``from_cli_args`` cover the arguments
+    this engine implements."""
+
+    def __init__(self, model: str, **kwargs) -> None:
+        self.model = model
+        self.kwargs = kwargs
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.kwargs.items())
+        return f"EngineArgs(model={self.model!r}{', ' if args else ''}{args})"
+
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        from engine import EngineConfig  # engine imports this module
+        parser.add_argument("--model", required=True, help="local Hugging Face checkpoint dir")
+        for name, spec in EngineConfig.__dataclass_fields__.items():
+            flag, kind = f"--{name.replace('_', '-')}", _cli_type(str(spec.type))
+            if kind is bool:
+                parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=spec.default)
+            else:
+                parser.add_argument(flag, type=kind, default=spec.default)
+        return parser
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> "EngineArgs":
+        from engine import EngineConfig
+        fields = EngineConfig.__dataclass_fields__
+        return cls(args.model, **{k: v for k, v in vars(args).items()
+                                  if k in fields and v != fields[k].default})
+
+
+def _cli_type(annotation: str) -> type:
+    """The command-line type of an ``EngineConfig`` field from its annotation ("int | None")."""
+    for kind in (bool, int, float):
+        if annotation.split(" | ")[0] == kind.__name__:
+            return kind
+    return str
