@@ -23,6 +23,10 @@ block manager's own structures, and raises ``AssertionError`` naming the first b
 * the engine's request map holds exactly the queued and running sequences.
 
 ``assert_idle(llm)`` additionally checks that nothing is in use and nothing is queued.
+
+``FaultInjector`` makes one engine step raise (in the model forward, before or after it wrote
+K/V, or in sampling); ``snapshot`` / ``assert_nothing_committed`` check that the failed step
+changed nothing a step commits.
 """
 from __future__ import annotations
 
@@ -55,32 +59,41 @@ def _free_queue_members(fq, num_blocks: int) -> list:
 
 
 def check_accounting(llm) -> None:
-    bm = llm.block_manager
-    pc = llm.prefix_cache
-    cached_blocks = pc.entries if pc is not None else {}
-    sched = llm.scheduler
-    bs = llm.block_size
-    blocks = bm.blocks
-    n = len(blocks)
+    """Every rule of the module docstring; raises AssertionError naming the first broken one."""
+    bm, pc = llm.block_manager, llm.prefix_cache
+    cached = pc.entries if pc is not None else {}
+    n = len(bm.blocks)
     assert n == llm.num_blocks, f"block manager has {n} blocks, engine sized {llm.num_blocks}"
-    for i, block in enumerate(blocks):
+    for i, block in enumerate(bm.blocks):
         assert block.block_id == i, f"blocks[{i}] has block_id {block.block_id}"
+    members = _check_free_queue(bm)
+    running, waiting = _check_queues(llm)
+    holders = _check_block_tables(llm, running, waiting)
+    _check_block_states(bm.blocks, holders, cached)
+    _check_cache_entries(llm, cached)
+    _check_running_chains(llm, running, cached)
+    _check_stats(llm, members, cached)
 
-    # ---------------------------------------------------------------- free queue
-    members = _free_queue_members(bm.free_queue, n)
+
+def _check_free_queue(bm) -> list:
+    """The free queue is well formed and agrees with every block's flag and links."""
+    members = _free_queue_members(bm.free_queue, len(bm.blocks))
     in_queue = {b.block_id for b in members}
     assert len(in_queue) == len(members), "a block is linked into the free queue twice"
-    for block in blocks:
+    for block in bm.blocks:
         assert block.in_free_queue == (block.block_id in in_queue), (
             f"block {block.block_id}: in_free_queue={block.in_free_queue} but "
             f"{'is' if block.block_id in in_queue else 'is not'} linked in the free queue")
         if not block.in_free_queue:
             assert block.prev is None and block.next is None, (
                 f"block {block.block_id} is not queued but keeps free-queue links")
+    return members
 
-    # ---------------------------------------------------------------- sequences and ref counts
-    running = list(sched.running)
-    waiting = list(sched.waiting)
+
+def _check_queues(llm) -> tuple[list, list]:
+    """Each sequence is in one queue once; the engine's request map holds exactly them."""
+    sched = llm.scheduler
+    running, waiting = list(sched.running), list(sched.waiting)
     run_ids, wait_ids = {id(s) for s in running}, {id(s) for s in waiting}
     assert len(run_ids) == len(running), "a sequence is in the running list twice"
     assert len(wait_ids) == len(waiting), "a sequence is in the waiting queue twice"
@@ -94,7 +107,12 @@ def check_accounting(llm) -> None:
     for rid, seq in registered.items():
         assert seq is queued[rid], f"request {rid} maps to another Sequence object"
         assert not seq.is_finished, f"request {rid} is finished but still registered"
+    return running, waiting
 
+
+def _check_block_tables(llm, running: list, waiting: list) -> list[int]:
+    """Block tables fit their sequences; returns how many tables hold each block."""
+    bs, n = llm.block_size, len(llm.block_manager.blocks)
     holders = [0] * n
     for seq in running:
         table = seq.block_table
@@ -115,7 +133,11 @@ def check_accounting(llm) -> None:
     for seq in waiting:
         assert seq.block_table == [], f"waiting {seq} still holds blocks {seq.block_table}"
         assert seq.num_computed_tokens == 0, f"waiting {seq} claims computed tokens"
+    return holders
 
+
+def _check_block_states(blocks: list, holders: list[int], cached) -> None:
+    """Each block is free, cached-and-free or in use, with a ref count equal to its holders."""
     for block in blocks:
         bid = block.block_id
         assert block.ref_count == holders[bid], (
@@ -123,71 +145,76 @@ def check_accounting(llm) -> None:
         if block.ref_count == 0:
             assert block.in_free_queue, f"block {bid} has ref 0 but is not in the free queue"
             if block.block_hash is not None:
-                assert cached_blocks.get(block.block_hash) is block, (
+                assert cached.get(block.block_hash) is block, (
                     f"block {bid} is free with hash {block.block_hash:#x} but not registered "
                     f"in the prefix cache (a stale identity)")
         else:
             assert not block.in_free_queue, f"block {bid} is in use (ref {block.ref_count}) and free"
             if block.block_hash is not None:
-                assert cached_blocks.get(block.block_hash) is block, (
+                assert cached.get(block.block_hash) is block, (
                     f"in-use block {bid} has hash {block.block_hash:#x} but is not registered")
         if block.block_hash is None:
             assert block.token_bytes is None and block.parent is None and block.salt is None, (
                 f"block {bid} has no hash but keeps a cached identity")
 
-    # ---------------------------------------------------------------- the prefix cache
-    enabled = llm.config.enable_prefix_caching
-    if not enabled:
-        assert not cached_blocks, "prefix caching is off but blocks are registered"
+
+def _check_cache_entries(llm, cached) -> None:
+    """Every entry names exactly the prefix its block holds, chained from a cached parent."""
+    blocks, pc = llm.block_manager.blocks, llm.prefix_cache
+    if not llm.config.enable_prefix_caching:
+        assert not cached, "prefix caching is off but blocks are registered"
         assert all(b.block_hash is None for b in blocks), "prefix caching is off but a block has a hash"
-    assert len(cached_blocks) <= n, "more prefix-cache entries than blocks"
-    hash_fn = pc.hash_fn if pc is not None else None
-    for h, block in cached_blocks.items():
+    assert len(cached) <= len(blocks), "more prefix-cache entries than blocks"
+    for h, block in cached.items():
         bid = block.block_id
         assert blocks[bid] is block, f"prefix cache entry {h:#x} points outside the pool"
         assert block.block_hash == h, (
             f"prefix cache entry {h:#x} points to block {bid} whose hash is {block.block_hash}")
-        assert isinstance(block.token_bytes, bytes) and len(block.token_bytes) == bs * 8, (
+        assert isinstance(block.token_bytes, bytes) and len(block.token_bytes) == llm.block_size * 8, (
             f"cached block {bid} stores {len(block.token_bytes or b'')} token bytes, not one block")
-        if block.parent is None:
-            seed = pc.root_hash(block.salt)
-        else:
-            parent = blocks[block.parent[0]]
-            assert parent.generation == block.parent[1], (
-                f"cached block {bid}: its parent {parent.block_id} was reused since (stale chain)")
-            assert parent is not block, f"cached block {bid} is its own parent"
-            parent_cached = (parent.block_hash is not None
-                             and cached_blocks.get(parent.block_hash) is parent)
-            assert parent_cached or parent.ref_count > 0, (
-                f"cached block {bid}: parent {parent.block_id} is neither cached nor in use "
-                f"(dangling chain)")
-            assert parent_cached, (
-                f"cached block {bid}: parent {parent.block_id} is in use but not cached, so the "
-                f"entry's chain cannot be verified")
-            assert parent.salt == block.salt, f"cached block {bid} and its parent have different salts"
-            seed = parent.block_hash
-        assert hash_fn(block.token_bytes, seed) == h, (
+        seed = _chain_seed(block, blocks, cached, pc)
+        assert pc.hash_fn(block.token_bytes, seed) == h, (
             f"cached block {bid}: hash {h:#x} is not the chain hash of its tokens and parent "
             f"{block.parent} (the entry names a prefix the block does not hold)")
-    # chains terminate (no cycles through parents)
-    for block in cached_blocks.values():
+    for block in cached.values():  # chains terminate (no cycles through parents)
         steps, b = 0, block
         while b.parent is not None:
             b = blocks[b.parent[0]]
             steps += 1
-            assert steps <= n, f"parent chain of cached block {block.block_id} has a cycle"
+            assert steps <= len(blocks), f"parent chain of cached block {block.block_id} has a cycle"
 
-    # in-use blocks: what a running sequence has computed is cached under its own chain
+
+def _chain_seed(block, blocks: list, cached, pc) -> int:
+    """The hash a cached block's entry must be seeded with: its live cached parent's, or the
+    salt's root hash for a first block."""
+    bid = block.block_id
+    if block.parent is None:
+        return pc.root_hash(block.salt)
+    parent = blocks[block.parent[0]]
+    assert parent.generation == block.parent[1], (
+        f"cached block {bid}: its parent {parent.block_id} was reused since (stale chain)")
+    assert parent is not block, f"cached block {bid} is its own parent"
+    parent_cached = parent.block_hash is not None and cached.get(parent.block_hash) is parent
+    assert parent_cached or parent.ref_count > 0, (
+        f"cached block {bid}: parent {parent.block_id} is neither cached nor in use (dangling chain)")
+    assert parent_cached, (f"cached block {bid}: parent {parent.block_id} is in use but not cached, "
+                           f"so the entry's chain cannot be verified")
+    assert parent.salt == block.salt, f"cached block {bid} and its parent have different salts"
+    return parent.block_hash
+
+
+def _check_running_chains(llm, running: list, cached) -> None:
+    """What a running sequence has computed is cached under its own chain (caching on)."""
+    if not llm.config.enable_prefix_caching:
+        return
+    bs, blocks, pc = llm.block_size, llm.block_manager.blocks, llm.prefix_cache
     for seq in running:
-        prev = pc.root_hash(seq.cache_salt) if pc else 0
-        full = seq.num_computed_tokens // bs
-        for i in range(full):
+        prev = pc.root_hash(seq.cache_salt)
+        for i in range(seq.num_computed_tokens // bs):
             block = blocks[seq.block_table[i]]
             expect_bytes = seq.tokens[i * bs:(i + 1) * bs].tobytes()
-            if not enabled:
-                continue
-            prev = hash_fn(expect_bytes, prev)
-            assert block.block_hash == prev and cached_blocks.get(prev) is block, (
+            prev = pc.hash_fn(expect_bytes, prev)
+            assert block.block_hash == prev and cached.get(prev) is block, (
                 f"{seq}: computed block {i} (block {block.block_id}) is not cached under the "
                 f"sequence's chain hash")
             assert block.token_bytes == expect_bytes, (
@@ -196,14 +223,16 @@ def check_accounting(llm) -> None:
             assert block.parent == want_parent, (
                 f"{seq}: block {block.block_id} at index {i} has parent {block.parent}, "
                 f"the sequence's previous block is {want_parent}")
-            assert (block.salt == seq.cache_salt), f"{seq}: block {block.block_id} has another salt"
+            assert block.salt == seq.cache_salt, f"{seq}: block {block.block_id} has another salt"
 
-    # ---------------------------------------------------------------- the engine's own figures
-    stats = llm.stats()
+
+def _check_stats(llm, members: list, cached) -> None:
+    """The engine's own figures agree with the count."""
+    blocks, stats = llm.block_manager.blocks, llm.stats()
     in_use = sum(1 for b in blocks if b.ref_count > 0)
     assert stats["blocks_in_use"] == in_use, f"stats say {stats['blocks_in_use']} in use, counted {in_use}"
-    assert stats["free_blocks"] == len(members) == n - in_use
-    assert stats["blocks_cached"] == len(cached_blocks)
+    assert stats["free_blocks"] == len(members) == len(blocks) - in_use
+    assert stats["blocks_cached"] == len(cached)
 
 
 def assert_idle(llm) -> None:
