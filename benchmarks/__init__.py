@@ -8,5 +8,6 @@
 * ``peer_vllm``     vLLM's CPU build, in a subprocess running ``vllm_script.py``
 * ``hashing``       (c) the prefix-cache hash chain alone
 * ``ours_profile``  prefill MFU and the decode step's non-matmul share (``--profile``)
-* ``report``        the one table, token agreement, the targets (defined once)
+* ``report``        the one table, token agreement request by request, the hashing table
+* ``targets``       the project's targets, each defined once with its bar
 """

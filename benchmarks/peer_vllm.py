@@ -60,7 +60,7 @@ class VllmPeer:
 
     def launch(self, spec_path: str, out_path: str, log_path: str, threads: str) -> None:
         env = dict(os.environ, **vllm_env(threads))
-        # cwd outside the project: vLLM must not import this repo's engine.py, model.py, ...
+        # cwd is the temp dir: whatever vLLM writes relative to it stays out of the project.
         with open(log_path, "w") as log:
             proc = subprocess.run([self.python, SCRIPT, spec_path, out_path], env=env,
                                   stdout=log, stderr=subprocess.STDOUT, timeout=self.timeout_s,

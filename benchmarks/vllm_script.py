@@ -3,11 +3,12 @@
     VLLM_PYTHON vllm_script.py SPEC.json OUT.json
 
 SPEC (written by ``peer_vllm``): model_dir, dtype, max_num_batched_tokens, max_num_seqs,
-max_model_len, kv_cache_memory_bytes, repeats, warmup and
-workloads (each: name, prompts as token-id lists, max_tokens). Every workload runs greedy with
-EOS ignored and prefix caching on, after a warm-up, with the prefix cache reset before each
-of its ``repeats`` timed runs (the fastest is kept). OUT: per workload the wall time, TTFTs, the time until every request had its first token, and every
-request's output token ids. Self-contained on purpose: vLLM's venv has none of the project.
+max_model_len, kv_cache_memory_bytes, repeats, warmup and workloads (each: name, prompts as
+token-id lists, max_tokens). Every workload runs greedy with EOS ignored and prefix caching
+on, after a warm-up, with the prefix cache reset before each of its ``repeats`` timed runs
+(the fastest is kept). OUT: per workload the wall time, TTFTs, the time until every request
+had its first token, and every request's output token ids. Self-contained on purpose: vLLM's
+venv has none of the project.
 """
 from __future__ import annotations
 
@@ -15,6 +16,10 @@ import json
 import os
 import sys
 import time
+
+# This folder's modules (workloads, report, ...) must never shadow a name vLLM imports.
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != HERE]
 
 
 def make_llm(spec: dict):
