@@ -10,12 +10,7 @@ import pytest
 import torch
 
 from engine import SamplingParams
-from hf_reference import (VOCAB_SIZE, assert_no_leak, assert_same_tokens, hf_greedy, make_llm,
-                          random_prompt)
-
-
-def greedy(max_tokens=4, **kw):
-    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, **kw)
+from helpers import VOCAB_SIZE, GreedyReference, assert_no_leak, greedy, make_llm, random_prompt
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +37,7 @@ def _still_works(llm, model_dir):
     prompt = random_prompt(11, 7)
     outs = llm.generate([prompt], greedy(6), use_tqdm=False)
     assert len(outs) == 1 and outs[0].finish_reason == "length"
-    ref, ties = hf_greedy(model_dir, [prompt], 6)
-    assert_same_tokens([outs[0].token_ids], ref, ties)
+    GreedyReference(model_dir).compare_all([prompt], outs, 6)
     assert_no_leak(llm)
 
 
@@ -51,22 +45,22 @@ def _still_works(llm, model_dir):
 
 def test_empty_prompt(llm):
     with pytest.raises(ValueError, match="(?i)empty"):
-        llm.generate([[]], greedy(), use_tqdm=False)
+        llm.generate([[]], greedy(4), use_tqdm=False)
     with pytest.raises(ValueError, match="(?i)empty"):
-        llm.add_request([], greedy())
+        llm.add_request([], greedy(4))
     assert_no_leak(llm)
 
 
 @pytest.mark.parametrize("bad_id", [-1, VOCAB_SIZE, VOCAB_SIZE + 100])
 def test_token_id_out_of_vocab(llm, bad_id):
     with pytest.raises(ValueError, match="(?i)vocab"):
-        llm.generate([[5, 6, bad_id, 7]], greedy(), use_tqdm=False)
+        llm.generate([[5, 6, bad_id, 7]], greedy(4), use_tqdm=False)
     assert_no_leak(llm)
 
 
 def test_text_prompt_without_tokenizer(llm):
     with pytest.raises(ValueError, match="(?i)tokenizer"):
-        llm.generate(["hello world"], greedy(), use_tqdm=False)
+        llm.generate(["hello world"], greedy(4), use_tqdm=False)
 
 
 def test_prompt_plus_max_tokens_exceeds_max_model_len(llm):
@@ -82,7 +76,7 @@ def test_prompt_plus_max_tokens_exceeds_max_model_len(llm):
 
 def test_sampling_params_list_length_mismatch(llm):
     with pytest.raises(ValueError, match="(?i)sampling_params|prompts"):
-        llm.generate([[1, 2, 3], [4, 5]], [greedy()], use_tqdm=False)
+        llm.generate([[1, 2, 3], [4, 5]], [greedy(4)], use_tqdm=False)
 
 
 # ------------------------------------------------------------ sampling params
@@ -163,8 +157,7 @@ def test_bad_request_among_good_ones_leaves_engine_clean(llm, llama_dir):
     # nothing of the failed calls is still queued: exactly the new requests come back
     outs = llm.generate(good, greedy(5), use_tqdm=False)
     assert len(outs) == 2
-    ref, ties = hf_greedy(llama_dir, good, 5)
-    assert_same_tokens([o.token_ids for o in outs], ref, ties)
+    GreedyReference(llama_dir).compare_all(good, outs, 5)
     assert_no_leak(llm)
     assert not llm.step()
     _still_works(llm, llama_dir)
@@ -182,6 +175,5 @@ def test_request_that_can_never_fit_the_pool_raises(llama_dir):
         # a request that fits alone still runs (one after another if needed)
         prompts = [random_prompt(12, 6), random_prompt(15, 7)]
         outs = small.generate(prompts, greedy(6), use_tqdm=False)
-    ref, ties = hf_greedy(llama_dir, prompts, 6)
-    assert_same_tokens([o.token_ids for o in outs], ref, ties)
+    GreedyReference(llama_dir).compare_all(prompts, outs, 6)
     assert_no_leak(small)

@@ -1,7 +1,7 @@
 """Greedy (and logprob) parity of the engine with Hugging Face ``generate``.
 
 References come from HF ``generate(do_sample=False)`` run one prompt at a time
-without padding on tiny random checkpoints (see hf_reference.py).  Tokens are
+without padding on tiny random checkpoints (see helpers.py).  Tokens are
 compared exactly up to the first reference position whose top-2 logits are
 within 1e-3 (a near-tie), and most positions must actually be compared.
 """
@@ -14,12 +14,7 @@ import pytest
 import torch
 
 from engine import SamplingParams
-from hf_reference import (ARCHS, VOCAB_SIZE, assert_no_leak, assert_same_tokens, hf_greedy,
-                          hf_refs, make_llm, random_prompt)
-
-
-def greedy(max_tokens, **kw):
-    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, **kw)
+from helpers import ARCHS, VOCAB_SIZE, GreedyReference, assert_no_leak, greedy, make_llm, random_prompt
 
 
 def prompts_of(lengths, seed):
@@ -33,8 +28,7 @@ def generate_and_compare(llm, model_dir, prompts, max_tokens, **sp_kw):
     for o in outs:
         assert o.finish_reason == "length"
         assert len(o.token_ids) == max_tokens
-    ref, ties = hf_greedy(model_dir, prompts, max_tokens)
-    assert_same_tokens([o.token_ids for o in outs], ref, ties)
+    GreedyReference(model_dir).compare_all(prompts, outs, max_tokens)
     return outs
 
 
@@ -140,9 +134,9 @@ def test_logprobs_match_hf(checkpoints, arch):
     n = 6
     outs = llm.generate(prompts, greedy(n, logprobs=5), use_tqdm=False)
     assert_no_leak(llm)
-    refs = hf_refs(d, prompts, n)
-    assert_same_tokens([o.token_ids for o in outs], [r.tokens for r in refs],
-                       [r.ties for r in refs])
+    reference = GreedyReference(d)
+    refs = [reference.get(p, n) for p in prompts]
+    reference.compare_all(prompts, outs, n)
     for o, r in zip(outs, refs):
         assert o.logprobs is not None and len(o.logprobs) == n
         stop = r.ties.index(True) if True in r.ties else n
@@ -169,7 +163,7 @@ def test_logprobs_with_temperature_are_of_raw_logits(llama_dir):
                                                    logprobs=3, ignore_eos=True),
                           use_tqdm=False)
     assert_no_leak(llm)
-    ref_lp = hf_refs(llama_dir, [prompt], 1)[0].logprobs[0]
+    ref_lp = GreedyReference(llama_dir).get(prompt, 1).logprobs[0]
     lp = out.logprobs[0]
     assert out.token_ids[0] in lp and 3 <= len(lp) <= 4
     for tok, val in lp.items():
@@ -199,8 +193,7 @@ def test_add_request_and_step(llama_dir):
     for rid, p, m in zip(rids, prompts, max_tokens):
         out = finished[rid]
         assert out.finish_reason == "length"
-        ref, ties = hf_greedy(llama_dir, [p], m)
-        assert_same_tokens([out.token_ids], ref, ties)
+        GreedyReference(llama_dir).compare_all([p], [out], m)
 
 
 def _first_new_token_index(tokens, start=2):
@@ -214,7 +207,8 @@ def _first_new_token_index(tokens, start=2):
 def test_finish_reason_stop_vs_length(llama_dir):
     prompt = random_prompt(20, 90)
     n = 16
-    (ref,), (ties,) = hf_greedy(llama_dir, [prompt], n)
+    expected = GreedyReference(llama_dir).get(prompt, n)
+    ref, ties = expected.tokens, expected.ties
     limit = ties.index(True) if True in ties else n
     k = _first_new_token_index(ref[:limit])
     stop_tok = ref[k]
@@ -236,7 +230,8 @@ def test_eos_from_checkpoint_stops_unless_ignore_eos(llama_dir, tmp_path):
     """The checkpoint's eos_token_id ends generation with 'stop' unless ignore_eos."""
     prompt = random_prompt(20, 91)
     n = 16
-    (ref,), (ties,) = hf_greedy(llama_dir, [prompt], n)
+    expected = GreedyReference(llama_dir).get(prompt, n)
+    ref, ties = expected.tokens, expected.ties
     limit = ties.index(True) if True in ties else n
     k = _first_new_token_index(ref[:limit])
     d = tmp_path / "eos_ckpt"
@@ -301,8 +296,7 @@ def test_top_k_1_and_tiny_top_p_equal_greedy(llama_dir):
         + [SamplingParams(temperature=1.0, top_p=1e-6, max_tokens=10, ignore_eos=True)] * 2,
         use_tqdm=False)
     assert_no_leak(llm)
-    ref, ties = hf_greedy(llama_dir, prompts, 10)
-    assert_same_tokens([o.token_ids for o in outs], ref + ref, ties + ties)
+    GreedyReference(llama_dir).compare_all(prompts + prompts, outs, 10)
 
 
 def test_string_prompts_with_tokenizer(tokenizer_ckpt):
@@ -316,8 +310,7 @@ def test_string_prompts_with_tokenizer(tokenizer_ckpt):
     llm = make_llm(tokenizer_ckpt)
     outs = llm.generate(texts, greedy(10), use_tqdm=False)
     assert_no_leak(llm)
-    ref, ties = hf_greedy(tokenizer_ckpt, ids, 10)
-    assert_same_tokens([o.token_ids for o in outs], ref, ties)
+    GreedyReference(tokenizer_ckpt).compare_all(ids, outs, 10)
     for o in outs:
         assert isinstance(o.text, str) and o.text
         assert o.text in {tok.decode(o.token_ids, skip_special_tokens=True),
