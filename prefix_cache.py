@@ -48,7 +48,8 @@ class HashSource(enum.Enum):
     PRECOMPUTED = "precomputed at lookup"
     REUSED = "reused at save"
     DECODE = "computed at decode"
-    RECOMPUTED = "recomputed"
+    RECOMPUTED = "recomputed at lookup"   # the "before": the whole chain, at every lookup
+    RECOMPUTED_AT_SAVE = "recomputed at save"
 
 
 @dataclass
@@ -239,7 +240,7 @@ class PrefixCache:
             bs = self.block_size
             prev = parent.block_hash if parent is not None else seq._root_hash
             h = self._chain_hash(seq.token_view(), prev, index * bs, (index + 1) * bs)
-            self._trace("hash", seq, index, h, prev, source=HashSource.RECOMPUTED)
+            self._trace("hash", seq, index, h, prev, source=HashSource.RECOMPUTED_AT_SAVE)
             return h
         if index >= len(seq._block_hashes):  # completed during decode: hashed now, once
             self._precompute_block_hashes(seq, HashSource.DECODE)

@@ -8,7 +8,9 @@ throughput figures per round, and checks that every run produced identical token
 
     python run.py                      # the shipped demo model (demo_model/)
     python run.py --model DIR          # any local Llama / Qwen2 / Qwen3 / Mistral checkpoint
-    python run.py --show-blocks 1      # draw the KV pool after step 1 of round 2
+    python run.py --chain              # one request's chain of block hashes, block by block
+    python run.py --show-blocks 1      # draw the KV pool after step 1 of each round
+    python run.py --plot docs          # also write the figures (PNG) into docs/
 """
 from __future__ import annotations
 
@@ -21,9 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 from tqdm.auto import tqdm
 
-from engine import LLM, SamplingParams, Sequence
+from engine import LLM, SamplingParams
+from chapter_table import STRATEGIES, HashMeter, chapter_rows, prefill_ms, print_chapter_table
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_MODEL = HERE / "demo_model"
@@ -32,12 +36,20 @@ MODES = {"cache off": dict(enable_prefix_caching=False),
          "incremental": dict(hash_strategy="incremental")}
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows a default only where there is one (None means: chosen at start-up)."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
     p.add_argument("--model", default=str(DEFAULT_MODEL), help="local Hugging Face checkpoint directory")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
-    p.add_argument("--num-kv-blocks", type=int, default=None, help="KV pool size in blocks")
+    p.add_argument("--num-kv-blocks", type=int, default=None, help="KV pool size in blocks (default: from the budget)")
     p.add_argument("--kv-cache-memory", type=int, default=None, help="KV budget in bytes (instead of --num-kv-blocks)")
     p.add_argument("--max-num-batched-tokens", type=int, default=512, help="token budget per engine step")
     p.add_argument("--max-num-seqs", type=int, default=16, help="max running sequences")
@@ -45,9 +57,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--num-requests", type=int, default=8, help="requests per round")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="sampling seed and random-prompt seed")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--show-blocks", type=int, nargs="?", const=1, default=None, metavar="STEP",
-                   help="draw the KV pool after this step of round 2 (incremental engine)")
+                   help="draw the KV pool after this step of round 1 and of round 2 (incremental engine)")
+    p.add_argument("--chain", action="store_true", help="trace one request's chain of block hashes instead")
+    p.add_argument("--prompt", default=None, help="--chain: the prompt text (default: demo prompt 0)")
+    p.add_argument("--change-at", type=int, default=None, metavar="K",
+                   help="--chain: the token position to change (default: the middle of the prompt)")
+    p.add_argument("--plot", default=None, metavar="DIR", help="also write the figures as PNG files into DIR")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     return p.parse_args(argv)
 
@@ -96,14 +114,16 @@ class RoundResult:
     wall: float
     ttft: list[float]
     stats: dict
+    hash_us: float  # time spent inside the hash calls this round
 
     @property
     def output_tokens(self) -> int:
         return sum(len(t) for t in self.token_ids)
 
 
-def run_round(llm: LLM, prompts, params, label: str, progress: bool, on_step=None) -> RoundResult:
-    before = llm.stats()
+def run_round(llm: LLM, prompts, params, label: str, progress: bool, on_step=None,
+              meter: HashMeter | None = None) -> RoundResult:
+    before, hash_us = llm.stats(), meter.total().us if meter else 0.0
     start = time.perf_counter()
     ids = [llm.add_request(p, params) for p in prompts]
     done = {}
@@ -118,70 +138,38 @@ def run_round(llm: LLM, prompts, params, label: str, progress: bool, on_step=Non
     outs = [done[i] for i in ids]
     after = llm.stats()
     delta = {k: after[k] - before[k] for k in after if isinstance(after[k], int)}
-    return RoundResult([o.token_ids for o in outs], wall, [o.metrics["ttft"] for o in outs], delta)
-
-
-def chapter_rows(model: str, args, prompt: list[int], strategy: str) -> dict[str, int]:
-    """The chapter's table for one strategy, each row counted by the engine itself."""
-    llm = LLM(model, hash_strategy=strategy, **engine_args(args))
-    params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
-    saving = count_hashes_inside(llm, llm.prefix_cache, "_do_prefill_step")
-    cold = count_hashes(llm, lambda: llm.generate([prompt], params, use_tqdm=False))
-    saving_cold = saving["calls"]
-    seq = Sequence(prompt)
-    llm.prefix_cache._lookup_prefix_cache(seq)
-    again = count_hashes(llm, lambda: llm.prefix_cache._lookup_prefix_cache(seq))
-    repeated = count_hashes(llm, lambda: llm.generate([prompt], params, use_tqdm=False))
-    return {"cold request (lookup + save)": cold, "saving during prefill (cold)": saving_cold,
-            "same Sequence looked up again": again, "repeated prompt, new Sequence": repeated}
-
-
-def count_hashes(llm: LLM, fn) -> int:
-    before = llm.stats()["hash_computations"]
-    fn()
-    return llm.stats()["hash_computations"] - before
-
-
-def count_hashes_inside(llm: LLM, owner, method: str) -> dict:
-    """Wrap one method so the hash calls made inside it are counted in ``["calls"]``."""
-    original, counted = getattr(owner, method), {"calls": 0}
-
-    def wrapped(*a, **kw):
-        result = None
-
-        def call():
-            nonlocal result
-            result = original(*a, **kw)
-        counted["calls"] += count_hashes(llm, call)
-        return result
-    setattr(owner, method, wrapped)
-    return counted
+    hash_us = (meter.total().us - hash_us) if meter else 0.0
+    return RoundResult([o.token_ids for o in outs], wall, [o.metrics["ttft"] for o in outs], delta, hash_us)
 
 
 # ----------------------------------------------------------------------------- printing
 
-def print_chapter_table(rows: dict, num_blocks: int, block_size: int, prompt_len: int) -> None:
-    print(f"\nThe chapter's table, counted live (prompt of {prompt_len} tokens, block_size "
-          f"{block_size}, N = {num_blocks} full blocks)")
-    print(f"  {'xxhash calls':36s} {'step14 (recompute)':>20s} {'step14_5 (incremental)':>24s}")
-    for row in rows["recompute"]:
-        print(f"  {row:36s} {rows['recompute'][row]:>20d} {rows['incremental'][row]:>24d}")
-    print("  (the chapter's 0 for a repeated prompt holds for the same Sequence object; a new\n"
-          "   request is a new Sequence and hashes its blocks once - then every block but the\n"
-          "   last is served from cache)")
-
-
 def print_rounds(results: dict) -> None:
     print(f"\n  {'engine':12s} {'round':>5s} {'hit rate':>9s} {'computed':>9s} {'cached':>7s} "
-          f"{'TTFT ms':>8s} {'out tok/s':>10s} {'hashes':>7s} {'evict':>6s} {'preempt':>8s}")
+          f"{'TTFT ms':>8s} {'out tok/s':>10s} {'hashes':>7s} {'hash µs':>8s} {'evict':>6s} {'preempt':>8s}")
     for mode, rounds in results.items():
         for i, r in enumerate(rounds, 1):
             s = r.stats
             hit = s["prefix_cache_hits"] / s["prefix_cache_queries"] if s["prefix_cache_queries"] else 0.0
             print(f"  {mode:12s} {i:>5d} {hit:>8.1%} {s['prompt_tokens_computed']:>9d} "
                   f"{s['prompt_tokens_cached']:>7d} {1000 * statistics.mean(r.ttft):>8.1f} "
-                  f"{r.output_tokens / r.wall:>10.1f} {s['hash_computations']:>7d} "
+                  f"{r.output_tokens / r.wall:>10.1f} {s['hash_computations']:>7d} {r.hash_us:>8.0f} "
                   f"{s['evictions']:>6d} {s['preemptions']:>8d}")
+    print_round_notes(results)
+
+
+def print_round_notes(results: dict) -> None:
+    """What the columns compare, and why round 2's hash counts can be equal."""
+    worst = max(r.hash_us for mode in STRATEGIES for r in results[mode])
+    print(f"  TTFT and out tok/s compare the prefix cache on vs off (step14's paged prefix cache); "
+          f"recompute vs\n  incremental (step14_5) differ in the hash columns only, at most "
+          f"{worst / 1000:.1f} ms of hashing per round here,\n  so their TTFT and tok/s differences "
+          f"are run-to-run noise.")
+    r2 = [results[mode][1].stats["hash_computations"] for mode in STRATEGIES]
+    if r2[0] == r2[1]:
+        print("  Round 2's hashes are equal: each request is a new Sequence looked up once whose full "
+              "prompt blocks\n  all hit, so recompute has no prompt block to hash again at save: "
+              "both hash each full block once.")
 
 
 def print_samples(llm: LLM, prompts, token_ids, count: int = 3) -> None:
@@ -194,33 +182,48 @@ def print_samples(llm: LLM, prompts, token_ids, count: int = 3) -> None:
         print(f"  ...{tail} | {text}")
 
 
-def show_blocks(llm: LLM, title: str) -> None:
-    """The KV pool as a learner wants to see it: block tables, sharing, cached-free, evicted."""
-    bm = llm.block_manager
-    owners: dict[int, list[str]] = {}
-    print(f"\n=== KV pool {title}: {bm.num_blocks} blocks of {llm.block_size} tokens ===")
+def draw_pool(llm: LLM, title: str) -> str:
+    """The KV pool as a learner wants to see it: block tables, sharing, cached hashes, waiting."""
+    bm, lines, owners = llm.block_manager, [], {}
+    lines.append(f"\n=== KV pool {title}: {bm.num_blocks} blocks of {llm.block_size} tokens ===")
     for seq in llm.scheduler.running:
         for b in seq.block_table:
             owners.setdefault(b, []).append(seq.request_id)
-        print(f"  seq {seq.request_id:>3s}: {seq.num_computed_tokens:>4d}/{seq.num_tokens:<4d} tokens computed, "
-              f"blocks {_ranges(seq.block_table)}")
+        lines.append(f"  seq {seq.request_id:>3s}: {seq.num_computed_tokens:>4d}/{seq.num_tokens:<4d} tokens "
+                     f"computed, blocks {_ranges(seq.block_table)}")
+    waiting = [int(s.request_id) for s in llm.scheduler.waiting]
+    lines.append(f"  waiting: {len(waiting)}" + (f", seqs {_ranges(waiting)}" if waiting else ""))
     shared = {b: o for b, o in owners.items() if len(o) > 1}
     by_owners: dict[tuple, list[int]] = {}
     for block_id, seqs in shared.items():
         by_owners.setdefault(tuple(seqs), []).append(block_id)
-    print(f"  shared blocks: {len(shared)}" + "".join(
-        f"\n    blocks {_ranges(sorted(ids))} shared by seqs {', '.join(seqs)}"
-        for seqs, ids in by_owners.items()))
+    lines.append(f"  shared blocks: {len(shared)}" + "".join(
+        f"\n    blocks {_ranges(sorted(ids))} shared by seqs {', '.join(seqs)}" for seqs, ids in by_owners.items()))
+    return "\n".join(lines + _pool_map(llm, shared) + _cached_hashes(llm))
+
+
+def _pool_map(llm: LLM, shared: dict) -> list[str]:
     cells = ["S" if b.block_id in shared else "U" if b.ref_count else "c" if b.block_hash is not None
-             else "." for b in bm.blocks]
-    print("  map (S shared, U in use by one, c cached-and-free, . free):")
+             else "." for b in llm.block_manager.blocks]
+    lines = ["  map (S shared, U in use by one, c cached-and-free, . free):"]
     last = max((i for i, c in enumerate(cells) if c != "."), default=0)
-    for i in range(0, last + 1, 64):
-        print(f"    {i:>5d} {''.join(cells[i:i + 64])}")
+    lines += [f"    {i:>5d} {''.join(cells[i:i + 64])}" for i in range(0, last + 1, 64)]
     if last + 64 < len(cells):
-        print(f"    ... blocks {(last // 64 + 1) * 64}-{len(cells) - 1} are all free")
-    print(f"  cached-and-free: {cells.count('c')}, free: {cells.count('.')}, "
-          f"evicted so far: {llm.stats()['evictions']}, waiting requests: {len(llm.scheduler.waiting)}")
+        lines.append(f"    ... blocks {(last // 64 + 1) * 64}-{len(cells) - 1} are all free")
+    lines.append(f"  cached-and-free: {cells.count('c')}, free: {cells.count('.')}, "
+                 f"evicted so far: {llm.stats()['evictions']}")
+    return lines
+
+
+def _cached_hashes(llm: LLM, limit: int = 40) -> list[str]:
+    """Each cached block with the first 6 hex digits of its chain hash (the prefix it names)."""
+    cached = [b for b in llm.block_manager.blocks if b.block_hash is not None]
+    cells = [f"{b.block_id:>4d}:{b.block_hash:016x}"[:11] for b in cached[:limit]]
+    lines = [f"  cached blocks, block id:hash ({len(cached)} in the prefix cache):"]
+    lines += ["    " + "  ".join(cells[i:i + 8]) for i in range(0, len(cells), 8)]
+    if len(cached) > limit:
+        lines.append(f"    ... and {len(cached) - limit} more")
+    return lines
 
 
 def _ranges(ids: list[int]) -> str:
@@ -236,30 +239,67 @@ def _ranges(ids: list[int]) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    if args.chain:
+        import chain_view
+        return chain_view.main(args)
     model_dir = Path(args.model)
+    demo = run_all_modes(args, model_dir)
+    llm = demo.engine
+    print(f"\nModel {model_dir} ({llm.model_config.architecture}), {llm.num_blocks} KV blocks of "
+          f"{llm.block_size}, {args.num_requests} requests/round, {args.max_tokens} new tokens each, "
+          f"device {llm.device}, dtype {str(llm.dtype).removeprefix('torch.')}, "
+          f"torch threads: {torch.get_num_threads()}")
+    for pool in demo.pools:
+        print(pool)
+    print_samples(llm, demo.first_prompts, demo.tokens["incremental"][0])
+    longest = max(demo.first_prompts, key=len)
+    rows = {s: chapter_rows(str(model_dir), engine_args(args), longest, s) for s in STRATEGIES}
+    print_chapter_table(rows, len(longest), args.block_size, prefill_ms(str(model_dir), engine_args(args), longest))
+    print("\nPer round (round 2 = round 1 again + follow-up turns extending round 1's answers):")
+    print_rounds(demo.results)
+    if args.plot:
+        import demo_plots
+        demo_plots.write_all(Path(args.plot), demo.results, args.block_size)
+    return report_identical(demo.tokens, args.num_requests)
+
+
+@dataclass
+class DemoRun:
+    results: dict[str, list[RoundResult]]  # engine -> [round 1, round 2]
+    tokens: dict[str, tuple]               # engine -> (round 1 tokens, round 2 tokens)
+    pools: list[str]                       # the --show-blocks drawings, printed after the header
+    engine: LLM                            # the incremental engine, after both rounds
+    first_prompts: list[list[int]]
+
+
+def run_all_modes(args, model_dir: Path) -> DemoRun:
+    """Both rounds on each engine; the pool drawings (``--show-blocks``) are kept for later."""
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
-    results, tokens = {}, {}
+    demo = DemoRun({}, {}, [], None, [])
     for mode, kw in MODES.items():
         llm = LLM(str(model_dir), **engine_args(args), **kw)
+        meter = HashMeter(llm.prefix_cache) if llm.prefix_cache else None
         first = round1_prompts(llm, model_dir, args.num_requests, args.seed)
         llm.generate([first[0][:8]], SamplingParams(max_tokens=2), use_tqdm=False)  # warm-up
         llm.reset_prefix_cache()
-        show = (lambda l, step: step == args.show_blocks and show_blocks(l, f"after step {step} of round 2")) \
-            if mode == "incremental" and args.show_blocks is not None else None
-        r1 = run_round(llm, first, params, f"{mode} round 1", not args.no_progress)
-        r2 = run_round(llm, round2_prompts(first, r1.token_ids), params,
-                       f"{mode} round 2", not args.no_progress, on_step=show)
-        results[mode], tokens[mode] = [r1, r2], (r1.token_ids, r2.token_ids)
-    print(f"\nModel {model_dir} ({llm.model_config.architecture}), {llm.num_blocks} KV blocks of "
-          f"{llm.block_size}, {args.num_requests} requests/round, {args.max_tokens} new tokens each, "
-          f"device {llm.device}, dtype {str(llm.dtype).removeprefix('torch.')}")
-    print_samples(llm, first, tokens["incremental"][0])
-    longest = max(first, key=len)
-    rows = {s: chapter_rows(str(model_dir), args, longest, s) for s in ("recompute", "incremental")}
-    print_chapter_table(rows, len(longest) // args.block_size, args.block_size, len(longest))
-    print("\nPer round (round 2 = round 1 again + follow-up turns extending round 1's answers):")
-    print_rounds(results)
-    return report_identical(tokens, args.num_requests)
+        rounds = []
+        for n in (1, 2):
+            prompts = first if n == 1 else round2_prompts(first, rounds[0].token_ids)
+            show = pool_drawer(demo.pools, args.show_blocks, n) if mode == "incremental" else None
+            rounds.append(run_round(llm, prompts, params, f"{mode} round {n}", not args.no_progress,
+                                    on_step=show, meter=meter))
+        demo.results[mode], demo.tokens[mode] = rounds, tuple(r.token_ids for r in rounds)
+        demo.engine, demo.first_prompts = llm, first
+    return demo
+
+
+def pool_drawer(pools: list, step: int | None, round_no: int):
+    if step is None:
+        return None
+    note = " (request ids are per engine; 0 was its warm-up)" if round_no == 1 else ""
+    return lambda llm, n: n == step and pools.append(draw_pool(llm, f"after step {n} of round {round_no}{note}"))
 
 
 def report_identical(tokens: dict, n: int) -> int:

@@ -1,0 +1,48 @@
+"""Each row of the chapter's table means one thing: the label and definition in
+``chapter_table.ROWS`` are the ones run.py prints and the README quotes, and every row's
+counts follow the rule printed under the table, for a prompt that is a block multiple and
+one that is not."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from chapter_table import ROWS, RULE, STRATEGIES, chapter_rows
+from demo_output import squash
+from hf_reference import random_prompt
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+BLOCK = 8
+
+
+def by_rule(prompt_len: int, block_size: int) -> dict[str, tuple[int, int]]:
+    """(recompute, incremental) per row, from the rule alone.
+
+    A prompt that is a block multiple and fully cached recomputes its last block (its
+    logits are needed), and recompute hashes that block again when it is saved.
+    """
+    n = prompt_len // block_size
+    last = 1 if prompt_len % block_size == 0 else 0
+    return {ROWS[0].label: (n + n, n),                 # cold: lookup + every block saved
+            ROWS[1].label: (n, 0),                     # of which at save
+            ROWS[2].label: (n, 0),                     # same Sequence again: one more lookup
+            ROWS[3].label: (n + last, n),              # new Sequence: lookup (+ the last block saved)
+            ROWS[4].label: (3 * n + n + last, 2 * n)}  # 3 lookups + saves; 2 Sequences
+
+
+@pytest.mark.parametrize("length", [64, 70])
+def test_every_row_follows_the_printed_rule(llama_dir, length):
+    engine_kw = dict(block_size=BLOCK, max_num_seqs=2, device="cpu", dtype="float32")
+    prompt = random_prompt(length, seed=length)
+    rows = {s: chapter_rows(llama_dir, engine_kw, prompt, s, repeats=2) for s in STRATEGIES}
+    counts = {r.label: (rows["recompute"][r.label].calls, rows["incremental"][r.label].calls) for r in ROWS}
+    assert counts == by_rule(length, BLOCK)
+
+
+def test_readme_quotes_each_row_definition_and_the_rule():
+    readme = squash(README.read_text())
+    for row in ROWS:
+        assert squash(f"{row.label.strip()}: {row.definition}") in readme, row.label
+    for sentence in RULE:
+        assert squash(sentence) in readme
