@@ -100,7 +100,9 @@ def measure_rows(llm: LLM, meter: HashMeter, prompt: list[int]) -> dict[str, Has
     """Every row of ``ROWS`` once, each on an empty cache where the row says so."""
     pc = llm.prefix_cache
     params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
-    send = lambda *prompts: lambda: llm.generate(list(prompts), params, use_tqdm=False)
+
+    def send(*prompts):  # the requests, sent together, as a callable for the meter
+        return lambda: llm.generate(list(prompts), params, use_tqdm=False)
     llm.reset_prefix_cache()
     cold, at_save = cost_with_saves(meter, pc, send(prompt))
     seq = Sequence(prompt)

@@ -11,6 +11,9 @@ throughput figures per round, and checks that every run produced identical token
     python run.py --chain              # one request's chain of block hashes, block by block
     python run.py --show-blocks 1      # draw the KV pool after step 1 of each round
     python run.py --plot docs          # also write the figures (PNG) into docs/
+
+The chapter's table (its rows, their definitions, the rule) is chapter_table.py; the --chain
+tracer is chain_view.py; the figures are demo_plots.py.
 """
 from __future__ import annotations
 
