@@ -44,6 +44,7 @@ __all__ = ["LLM", "LLMEngine", "EngineArgs", "SamplingParams", "RequestOutputKin
 
 LOGPROBS_MODES = ("raw_logprobs",)
 NO_TEXTS = TokenTexts(None)  # decoded_token is None where detokenize=False
+DETOKENIZE_CONTEXT = 5  # prompt tokens the output text is decoded after (vLLM's offset)
 SAMPLING_DEFAULT_KEYS = ("repetition_penalty", "presence_penalty", "frequency_penalty",
                          "temperature", "top_k", "top_p", "min_p", "max_new_tokens")
 
@@ -220,7 +221,7 @@ class LLM:
             seq_id = state.request_id if params.n == 1 else f"{index}_{state.request_id}"
             seq = Sequence(parsed.token_ids, child, request_id=seq_id, cache_salt=parsed.cache_salt,
                            root_hash=root, prompt_text=parsed.text)
-            state.sequences.append(SequenceState(index, seq, self._detokenizer(child),
+            state.sequences.append(SequenceState(index, seq, self._detokenizer(child, parsed.token_ids),
                                                  None if child.logprobs is None else 0.0))
         return state
 
@@ -250,10 +251,12 @@ class LLM:
             raise ValueError(f"request needs {needed} KV blocks (prompt + max_tokens = {total} "
                              f"tokens) but the whole pool has {self.num_blocks}; raise num_kv_blocks")
 
-    def _detokenizer(self, params: SamplingParams) -> IncrementalDetokenizer | None:
+    def _detokenizer(self, params: SamplingParams, prompt_ids: np.ndarray) -> IncrementalDetokenizer | None:
+        """Text starts from the prompt's last tokens, as vLLM's does: a word-level or
+        SentencePiece tokenizer then gives the first word its leading space."""
         if self.tokenizer is None or not params.detokenize:
             return None
-        return IncrementalDetokenizer(self.tokenizer, params)
+        return IncrementalDetokenizer(self.tokenizer, params, prompt_ids[-DETOKENIZE_CONTEXT:])
 
     def _enqueue(self, state: RequestState) -> None:
         now = time.perf_counter()

@@ -137,7 +137,7 @@ class IncrementalDetokenizer:
         self.include_stop_str = params.include_stop_str_in_output
         self.min_tokens = params.min_tokens
         self.token_ids = [int(t) for t in context_ids]
-        self.prefix_offset = self.read_offset = len(self.token_ids)
+        self.prefix_offset, self.read_offset = 0, len(self.token_ids)  # the context is read
         self.num_output_tokens = 0
         self.text = ""
 

@@ -279,23 +279,37 @@ def _greedy_text(llm, prompt, n=10):
     return out.outputs[0]
 
 
+def _first_word_found_in_place(text: str, start: int = 2) -> int:
+    """Index k of a word whose first occurrence in ``text`` (as a substring) is where it stands."""
+    words, starts, at = text.split(), [], 0
+    for word in words:
+        at = text.index(word, at)
+        starts.append(at)
+        at += len(word)
+    return next(k for k in range(start, len(words)) if text.find(words[k]) == starts[k])
+
+
 def test_stop_strings_cut_the_text_as_vllm(tok_llm):
+    """The output text is decoded after the prompt (vLLM's way), so it starts with the space
+    before its first word; the text stops before the stop string unless asked otherwise."""
     prompt = "w5 w77 w300 w12"
     full = _greedy_text(tok_llm, prompt)
+    assert full.text == " " + tok_llm.tokenizer.decode(full.token_ids)
     words = full.text.split()
-    k = next(i for i in range(2, len(words)) if words[i] not in words[:i])
+    k = _first_word_found_in_place(full.text)
+    at = full.text.find(words[k])
     (out,) = tok_llm.generate([prompt], greedy(10, stop=["w999", words[k]]), use_tqdm=False)
     c = out.outputs[0]
     assert c.finish_reason == "stop" and c.stop_reason == words[k]
-    assert c.text == " ".join(words[:k]) + " "
+    assert c.text == full.text[:at]
     assert c.token_ids == full.token_ids[:k + 1]  # the token completing the stop string stays
     (out,) = tok_llm.generate([prompt], greedy(10, stop=words[k], include_stop_str_in_output=True),
                               use_tqdm=False)
-    assert out.outputs[0].text == " ".join(words[:k + 1])
+    assert out.outputs[0].text == full.text[:at + len(words[k])]
     two_words = f"{words[k - 1]} {words[k]}"  # a stop string spanning two tokens
     (out,) = tok_llm.generate([prompt], greedy(10, stop=two_words), use_tqdm=False)
-    first = full.text.find(two_words)
-    assert out.outputs[0].text == full.text[:first] and out.outputs[0].stop_reason == two_words
+    assert out.outputs[0].text == full.text[:full.text.find(two_words)]
+    assert out.outputs[0].stop_reason == two_words
     assert_idle(tok_llm)
 
 
@@ -311,8 +325,8 @@ def test_stop_token_ids_leave_their_text_out(tok_llm):
     without, with_text = (o.outputs[0] for o in outs)
     assert without.stop_reason == stop_id and without.finish_reason == "stop"
     assert without.token_ids == full.token_ids[:k + 1]
-    assert without.text == tok_llm.tokenizer.decode(full.token_ids[:k])
-    assert with_text.text == tok_llm.tokenizer.decode(full.token_ids[:k + 1])
+    assert without.text == " " + tok_llm.tokenizer.decode(full.token_ids[:k])
+    assert with_text.text == " " + tok_llm.tokenizer.decode(full.token_ids[:k + 1])
 
 
 def test_text_matches_decode_and_logprobs_carry_decoded_tokens(tok_llm):
@@ -320,7 +334,7 @@ def test_text_matches_decode_and_logprobs_carry_decoded_tokens(tok_llm):
                               use_tqdm=False)
     c = out.outputs[0]
     assert out.prompt == "w20 w21 w22" and out.prompt_token_ids == [20, 21, 22]
-    assert c.text == tok_llm.tokenizer.decode(c.token_ids)
+    assert c.text == " " + tok_llm.tokenizer.decode(c.token_ids)  # decoded after the prompt
     assert all(lp.decoded_token == f"w{t}" for pos in c.logprobs for t, lp in pos.items() if t > 3)
     (raw,) = tok_llm.generate(["w20 w21 w22"], greedy(3, detokenize=False, logprobs=1), use_tqdm=False)
     assert raw.outputs[0].text is None
@@ -367,3 +381,45 @@ def test_chat_renders_the_template_and_generates(tokenizer_ckpt):
     with pytest.raises(ValueError, match="chat template"):
         make_llm(tokenizer_ckpt).chat(conversation, greedy(2), use_tqdm=False)
     assert_idle(llm)
+
+
+# ----------------------------------------------------------------------- incremental text
+
+def test_incremental_detokenizer_equals_decode_with_short_windows():
+    """Byte-level BPE (the demo model's tokenizer) on multi-byte characters: the incremental
+    text equals a full decode, never shows a broken character, and each token decodes a window
+    of a few tokens however long the output gets (no quadratic re-decoding)."""
+    import os
+
+    from transformers import AutoTokenizer
+
+    from outputs import IncrementalDetokenizer
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    tok = AutoTokenizer.from_pretrained(os.path.join(root, "demo_model"))
+    text = "def f(x):\n    return 'héllo wörld ✓ 日本語' * x  # ünïcode " * 6
+    ids = tok.encode(text, add_special_tokens=False)
+    windows = []
+    real_decode = tok.decode
+    tok.decode = lambda ids, **kw: windows.append(len(ids)) or real_decode(ids, **kw)
+    detok = IncrementalDetokenizer(tok, SamplingParams(), context_ids=ids[:3])
+    for token in ids[3:]:
+        detok.update(token)
+        assert "\ufffd" not in detok.text
+    assert detok.text == real_decode(ids)[len(real_decode(ids[:3])):]
+    assert max(windows) <= 12, max(windows)
+
+
+def test_stop_string_holdback_for_streaming():
+    class WordTokenizer:  # ids are words; decode joins them with spaces
+        def decode(self, ids, **kw):
+            return " ".join(f"w{i}" for i in ids)
+
+    from outputs import IncrementalDetokenizer
+
+    detok = IncrementalDetokenizer(WordTokenizer(), SamplingParams(stop=["w3 w4"]))
+    assert [detok.update(t) for t in (1, 2, 3)] == [None, None, None]
+    assert detok.text == "w1 w2 w3"
+    assert detok.visible_text(finished=False) == "w1 w2 w3"[:-4]  # could begin "w3 w4": held back
+    assert detok.visible_text(finished=True) == "w1 w2 w3"
+    assert detok.update(4) == "w3 w4" and detok.text == "w1 w2 "
