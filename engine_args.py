@@ -17,6 +17,7 @@ Any other name is a ``TypeError``, as in vLLM.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from dataclasses import dataclass
 
 ONE_DEVICE = "this engine runs in one process on one device"
@@ -157,6 +158,8 @@ class EngineArgs:
         from engine import EngineConfig  # engine imports this module
         parser.add_argument("--model", required=True, help="local Hugging Face checkpoint dir")
         for name, spec in EngineConfig.__dataclass_fields__.items():
+            if spec.default is dataclasses.MISSING:
+                continue  # a dict (override_generation_config): Python only
             flag, kind = f"--{name.replace('_', '-')}", _cli_type(str(spec.type))
             if kind is bool:
                 parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=spec.default)

@@ -9,10 +9,10 @@ import shutil
 import pytest
 import torch
 
-from engine import (LLM, EngineArgs, LLMEngine, Logprob, RequestOutputKind, SamplingParams,
-                    TextPrompt, TokensPrompt)
-from helpers import (MAX_POS, TIE_TOL, VOCAB_SIZE, _hf_model, assert_no_leak, drain, greedy,
-                     make_llm, random_prompt)
+from engine import (EngineArgs, LLMEngine, Logprob, RequestOutputKind, SamplingParams, TextPrompt,
+                    TokensPrompt)
+from helpers import (MAX_POS, TIE_TOL, _hf_model, assert_no_leak, drain, greedy, make_llm,
+                     random_prompt)
 
 
 def assert_idle(llm):
@@ -99,6 +99,17 @@ def test_engine_args_and_llm_engine_loop(llama_dir, reference):
     reference.compare(prompts[2], final[0].outputs[0].token_ids, 6)
     assert engine.get_num_unfinished_requests() == 0
     assert_idle(engine.llm)
+
+
+def test_engine_args_from_the_command_line(llama_dir):
+    import argparse
+
+    parser = EngineArgs.add_cli_args(argparse.ArgumentParser())
+    args = parser.parse_args(["--model", llama_dir, "--max-num-seqs", "4", "--block-size", "8",
+                              "--no-enable-prefix-caching", "--device", "cpu", "--dtype", "float32"])
+    engine = LLMEngine.from_engine_args(EngineArgs.from_cli_args(args))
+    assert engine.llm.config.max_num_seqs == 4 and engine.llm.prefix_cache is None
+    assert engine.llm.block_size == 8
 
 
 def test_llm_engine_abort_and_duplicate_ids(llama_dir):

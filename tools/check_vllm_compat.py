@@ -242,15 +242,15 @@ def run_snippets(backend: str, model: str) -> dict:
     llm = api.LLM(model=model, **ENGINE_ARGS)
     results["_startup_s"] = round(time.perf_counter() - started, 1)
     for snippet in SNIPPETS:
-        results[snippet.__name__] = _guard(lambda: snippet(api, llm, model))
-    del llm
-    results[snippet_engine_args.__name__] = _guard(lambda: snippet_engine_args(api, model))
+        results[snippet.__name__] = _guard(snippet, api, llm, model)
+    del llm  # vLLM: let the first engine go before the second starts
+    results[snippet_engine_args.__name__] = _guard(snippet_engine_args, api, model)
     return results
 
 
-def _guard(run) -> dict:
+def _guard(snippet, *args) -> dict:
     try:
-        return dict(ok=True, **run())
+        return dict(ok=True, **snippet(*args))
     except Exception as exc:  # noqa: BLE001 -- a failing snippet is a finding, not a crash
         return dict(ok=False, error=f"{type(exc).__name__}: {exc}",
                     trace=traceback.format_exc(limit=3))
