@@ -200,23 +200,26 @@ class PrefixCache:
         """Tokens [start, end) of ``seq`` now have K/V in the pool: register every block they
         completed (all block boundaries inside the chunk, not just its end; a decode token is
         a chunk of one). Returns (index, cached twin) for each block another sequence had
-        already registered with identical content: the scheduler switches ``seq`` to the twin."""
-        bs, twins = self.block_size, []
-        for boundary in range((start // bs + 1) * bs, end + 1, bs):
-            twin = self._save_prefix_cache(seq, boundary // bs - 1)
+        already registered with identical content: the scheduler switches ``seq`` to the twin,
+        and the next block already chains from it."""
+        bs, blocks, twins = self.block_size, self.block_manager.blocks, []
+        parent = blocks[seq.block_table[start // bs - 1]] if start >= bs else None
+        for index in range(start // bs, end // bs):
+            block = blocks[seq.block_table[index]]
+            twin = self._save_prefix_cache(seq, index, block, parent)
             if twin is not None:
-                twins.append((boundary // bs - 1, twin))
+                twins.append((index, twin))
+            parent = twin or block
         return twins
 
-    def _save_prefix_cache(self, seq: Sequence, index: int) -> Block | None:
-        """Register ``seq``'s block ``index`` (its K/V are written) under its chain hash.
+    def _save_prefix_cache(self, seq: Sequence, index: int, block: Block,
+                           parent: Block | None) -> Block | None:
+        """Register ``block``, ``seq``'s block ``index`` (its K/V are written), under its chain
+        hash, after ``parent`` (None for the first block).
 
         A block whose parent is not cached is skipped: lookups walk from cached parents, so it
         could never be reached. Returns an identical block that is already cached, if any.
         """
-        table, blocks = seq.block_table, self.block_manager.blocks
-        block = blocks[table[index]]
-        parent = blocks[table[index - 1]] if index > 0 else None
         if block.block_hash is not None or (parent is not None and parent.block_hash is None):
             return None
         h = self._hash_for_save(seq, index, parent)

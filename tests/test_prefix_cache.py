@@ -148,6 +148,26 @@ def test_same_prompt_same_step_waits_for_the_written_prefix(llama_dir, reference
     assert_no_leak(llm)
 
 
+@pytest.mark.parametrize("strategy", ["incremental", "recompute"])
+def test_recomputed_cached_prefix_is_folded_block_by_block(llama_dir, reference, strategy):
+    """A request that must compute a prompt that is already cached (prompt logprobs skip cache
+    reads) folds every block it completes into the cached twin, each one chained from the
+    twin before it: no private copies are left, the map is never overwritten."""
+    llm = make_llm(llama_dir, block_size=8, hash_strategy=strategy)
+    prompt = random_prompt(44, seed=12)
+    llm.generate([prompt], greedy(2), use_tqdm=False)
+    cached = dict(llm.prefix_cache.entries)
+    assert len(cached) == 5
+    rid = llm.add_request(prompt, greedy(3, prompt_logprobs=1))
+    llm.step()  # the whole prompt in one chunk
+    (seq,) = llm.scheduler.running
+    assert seq.block_table[:5] == [cached[h].block_id for h in cached]
+    assert dict(llm.prefix_cache.entries) == cached
+    outs = drain(llm)  # checks the block accounting after every step
+    reference.compare_all([prompt], [outs[rid]], 3)
+    assert_no_leak(llm)
+
+
 def test_preempted_sequence_hits_its_own_cached_blocks(llama_dir, reference):
     prompts = [random_prompt(48 + 8 * i, seed=100 + i) for i in range(4)]  # distinct: hits are own blocks
     llm = make_llm(llama_dir, block_size=8, num_kv_blocks=20, max_num_batched_tokens=64)
