@@ -3,9 +3,12 @@
 One forward takes a packed batch: the prefill chunks and decode tokens of many sequences,
 back to back, with their positions and block tables (``AttentionMetadata``). Each layer
 writes the new tokens' K/V into their slots of the pool and attends over each sequence's
-whole context through its block table. Pure PyTorch, so the same code runs on CPU and CUDA.
+whole context through its block table, in one of four kinds of attention chosen once per
+step. Pure PyTorch, so the same code runs on CPU and CUDA; on CPU in float32 the linear
+layers run from oneDNN-packed weights.
 
-Reading order: config -> RoPE -> attention metadata -> layers -> model -> checkpoint loading.
+Reading order: config -> RoPE -> the KV pool as layers read it -> attention kinds ->
+attention metadata (which kind each token gets) -> layers -> model -> checkpoint loading.
 """
 from __future__ import annotations
 
@@ -156,7 +159,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return out
 
 
-# ----------------------------------------------------------------------------- the KV pool as layers read it
+# ----------------------------------------------------------------------------- KV pool as layers read it
 
 class Scratch:
     """Buffers reused by every layer and step. On CPU a fresh multi-MB tensor per pool read
@@ -475,15 +478,18 @@ def _causal_prefill(batch: PackedBatch, row: int) -> CausalPrefill:
 def _decode_part(batch: PackedBatch, rows: np.ndarray):
     """The shared-prefix kind when every row holds the same cached leading blocks (and some
     layers attend fully, which is where sharing pays); plain decode chunks otherwise."""
-    tables, ends = batch.tables[rows], batch.starts[rows] + 1
+    tables, starts = batch.tables[rows], batch.starts[rows]
+    ends = starts + 1
     index = batch.tensor(batch.first_token[rows])
-    visible_from = {w: np.zeros_like(ends) if w is None else np.maximum(ends - w, 0)
-                    for w in batch.windows}
-    num_shared = _num_shared_blocks(tables, batch.starts[rows], batch.block_size) if None in batch.windows else 0
+    windowed = {w: _decode_chunks(batch, tables, np.maximum(ends - w, 0), ends)
+                for w in batch.windows if w is not None}
+    if None not in batch.windows:
+        return PagedDecode(index, windowed)
+    num_shared = _num_shared_blocks(tables, starts, batch.block_size)
+    own_from = np.full_like(ends, num_shared * batch.block_size)  # 0 when nothing is shared
+    own = _decode_chunks(batch, tables, own_from, ends)
     if num_shared == 0:
-        return PagedDecode(index, {w: _decode_chunks(batch, tables, lo, ends) for w, lo in visible_from.items()})
-    windowed = {w: _decode_chunks(batch, tables, lo, ends) for w, lo in visible_from.items() if w is not None}
-    own = _decode_chunks(batch, tables, np.full_like(ends, num_shared * batch.block_size), ends)
+        return PagedDecode(index, {None: own, **windowed})
     return SharedPrefixDecode(index, len(rows), batch.tensor(tables[0, :num_shared]), own, windowed)
 
 
@@ -554,7 +560,8 @@ class Linear(nn.Linear):
     Measured on the bench model, one thread: 1.3-2.2x faster than MKL's sgemm at decode
     batch sizes (the lm_head at batch 16: 6.7 ms instead of 14.7) and 1.1x at prefill. The
     ops are the ones torch.compile's CPU backend emits (torch.ops.mkldnn); where they are
-    missing, ``pack_for_onednn`` is never called and this is plain nn.Linear.
+    missing, ``pack_for_onednn`` is never called and this is plain nn.Linear. The packed copy
+    costs a second copy of the weights in RAM (the dense one stays the parameter).
     """
 
     packed: torch.Tensor | None = None  # set by pack_for_onednn; weight edits after it are not seen
@@ -629,7 +636,8 @@ class GateUpProj(Linear):
             return super().pack_for_onednn()
         weights = self.weight.detach().chunk(2)
         biases = self.bias.detach().chunk(2) if self.bias is not None else (None, None)
-        self.halves = tuple((torch.ops.mkldnn._reorder_linear_weight(w), b) for w, b in zip(weights, biases))
+        self.halves = tuple((torch.ops.mkldnn._reorder_linear_weight(w), b)
+                            for w, b in zip(weights, biases))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.halves is not None:
@@ -643,7 +651,8 @@ class GateUpProj(Linear):
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.gate_up_proj = GateUpProj(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, cfg.hidden_act)
+        self.gate_up_proj = GateUpProj(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias,
+                                       cfg.hidden_act)
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
