@@ -113,39 +113,20 @@ class FreeBlockQueue:
 
 
 class KVCachePool:
-    """The K/V tensors: ``[num_layers, num_blocks * block_size, num_kv_heads, head_dim]`` each.
+    """The K/V tensors: ``[num_layers, num_kv_heads, num_blocks * block_size, head_dim]`` each.
 
-    Slot ``block_id * block_size + offset`` holds one token's K/V. Zero-initialised so that
+    Slot ``block_id * block_size + offset`` of each KV head holds one token's K (or V).
+    Head-major, so a block's keys of one head are contiguous and the blocks the model reads
+    come out ready for batched matmuls without a transposing copy. Zero-initialised so that
     masked-out slots can never inject NaN into attention.
     """
 
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
                  head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
         self.block_size = block_size
-        shape = (num_layers, num_blocks * block_size, num_kv_heads, head_dim)
+        shape = (num_layers, num_kv_heads, num_blocks * block_size, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self._workspace: dict[str, torch.Tensor] = {}
-
-    def gather(self, layer: int, block_ids: torch.Tensor, slot: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V of ``block_ids`` in one layer, as [len(ids) * block_size, KVH, D] each.
-
-        Copied into buffers kept per ``slot`` and reused by every layer and step: a fresh
-        multi-MB tensor per call costs more in page faults than the copy itself.
-        """
-        k_pool, v_pool = self.k[layer], self.v[layer]
-        rows = block_ids.numel()
-        pair = []
-        for name, pool in ((slot + ".k", k_pool), (slot + ".v", v_pool)):
-            blocks = pool.view(-1, self.block_size * pool.shape[1] * pool.shape[2])
-            buf = self._workspace.get(name)
-            if buf is None or buf.shape[0] < rows:
-                buf = torch.empty(rows, blocks.shape[1], dtype=pool.dtype, device=pool.device)
-                self._workspace[name] = buf
-            out = buf[:rows]
-            torch.index_select(blocks, 0, block_ids, out=out)
-            pair.append(out.view(-1, *pool.shape[1:]))
-        return pair[0], pair[1]
 
     @staticmethod
     def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,

@@ -27,14 +27,27 @@ import numpy as np
 import torch
 
 from block_manager import BlockManager, KVCachePool
+from cpu_threads import ThreadPolicy
 from engine_args import EngineArgs, translate_engine_args
-from intake import (ParamsContext, TextPrompt, TokensPrompt, child_params, parse_prompt,
-                    prepare_params)
+from intake import (
+    ParamsContext,
+    TextPrompt,
+    TokensPrompt,
+    child_params,
+    parse_prompt,
+    prepare_params,
+)
 from model import SeqChunk, load_model
-from outputs import CompletionOutput, IncrementalDetokenizer, Logprob, RequestOutput, TokenTexts
+from outputs import (
+    CompletionOutput,
+    IncrementalDetokenizer,
+    Logprob,
+    RequestOutput,
+    TokenTexts,
+)
 from prefix_cache import HASH_STRATEGIES, PrefixCache
 from request_state import RequestState, SequenceState, record_token
-from sampler import SamplerOutput, Sampler, prompt_logprobs
+from sampler import Sampler, SamplerOutput, prompt_logprobs
 from sampling_params import RequestOutputKind, SamplingParams
 from scheduler import ScheduledChunk, Scheduler, SchedulerConfig, Sequence
 
@@ -106,6 +119,8 @@ class LLM:
         self.config = EngineConfig(**translate_engine_args(engine_args,
                                                            EngineConfig.__dataclass_fields__))
         self.device = torch.device(self.config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        # On CPU, compute with the cores other processes leave idle (see cpu_threads.py).
+        self.thread_policy = ThreadPolicy() if self.device.type == "cpu" else None
         self.model, _ = load_model(model, self.config.dtype, self.device)
         self.model_config = self.model.config
         self.dtype = next(self.model.parameters()).dtype
@@ -310,6 +325,8 @@ class LLM:
                 raise RuntimeError("scheduler made no progress although requests are pending")
             return []
         self._note_cached_tokens(chunks)
+        if self.thread_policy is not None:
+            self.thread_policy.maybe_update()  # rate-limited: reads /proc every few seconds
         plan = _LogitsPlan.build(chunks, self._seq_requests)
         logits = self._run_model(chunks, plan.logits_index)
         sampled = [c.seq for c in chunks if c.completes_sequence]

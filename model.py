@@ -695,10 +695,8 @@ class CausalLM(nn.Module):
                                        self.embed_tokens.weight.device)
 
     def layer_kv(self, kv, layer: int) -> LayerKV:
-        """Layer ``layer`` of the engine's KV pool (``kv.k``/``kv.v``: [layers, ...] contiguous)."""
-        heads, dim = self.config.num_kv_heads, self.config.head_dim
-        return LayerKV(kv.k[layer].view(heads, -1, dim), kv.v[layer].view(heads, -1, dim),
-                       kv.block_size, self.scratch)
+        """Layer ``layer`` of the engine's KV pool (``KVCachePool``, head-major)."""
+        return LayerKV(kv.k[layer], kv.v[layer], kv.block_size, self.scratch)
 
     @torch.inference_mode()
     def forward(self, input_ids, meta: AttentionMetadata, kv, logits_index) -> torch.Tensor:
