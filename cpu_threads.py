@@ -60,13 +60,35 @@ def cores_used_by_others(before: CpuSample, after: CpuSample, num_cores: int) ->
     return max(0.0, others / elapsed)
 
 
+# torch's thread count is process-wide: remember what policies set it to, so that a count a
+# policy lowered (a busy neighbour, since gone) is not mistaken for the caller's own choice.
+_set_by_policy: int | None = None
+_callers_threads: int | None = None
+
+
+def callers_thread_count() -> int:
+    """torch's thread count as the caller (or torch's default) chose it, not as a policy left it."""
+    global _callers_threads
+    now = torch.get_num_threads()
+    if _callers_threads is None or now != _set_by_policy:
+        _callers_threads = now
+    return _callers_threads
+
+
+def set_threads(threads: int) -> None:
+    global _set_by_policy
+    torch.set_num_threads(threads)
+    _set_by_policy = threads
+
+
 @dataclass
 class ThreadPolicy:
     """Sets torch's intra-op threads to the idle cores, re-checked every ``check_every_s``.
 
-    ``max_threads`` caps it (default: torch's thread count when the policy starts, so a
-    caller's ``torch.set_num_threads(1)`` is respected). A core counts as taken when others
-    used at least half of it on average since the last check.
+    ``max_threads`` caps it (default: torch's thread count as the caller set it, so a caller's
+    ``torch.set_num_threads(1)`` is respected, while a count an earlier policy lowered is not
+    taken for a choice). A core counts as taken when others used at least half of it on
+    average since the last check.
     """
 
     max_threads: int | None = None
@@ -79,10 +101,13 @@ class ThreadPolicy:
         else:
             self.cores = set(range(os.cpu_count() or 1))
         if self.max_threads is None:
-            self.max_threads = torch.get_num_threads()
+            self.max_threads = callers_thread_count()
         if self.max_threads < 1:
             raise ValueError(f"max_threads must be >= 1, got {self.max_threads}")
-        self.threads = min(self.max_threads, torch.get_num_threads())
+        now = torch.get_num_threads()
+        self.threads = self.max_threads if now == _set_by_policy else min(self.max_threads, now)
+        if self.threads != now:
+            set_threads(self.threads)
         self.others = 0.0
         self._sample = read_sample(self.cores)
         self._next_check = time.monotonic() + self.first_check_s
@@ -104,7 +129,7 @@ class ThreadPolicy:
         self._sample, self._next_check = sample, now + self.check_every_s
         threads = self.choose(self.others)
         if threads != self.threads:
-            torch.set_num_threads(threads)
+            set_threads(threads)
             self.threads = threads
         return self.threads
 

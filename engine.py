@@ -72,6 +72,7 @@ class EngineConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None        # None: the checkpoint's; above it is an error
+    num_threads: int | None = None          # CPU: most torch threads (None: as the caller set torch)
     device: str | None = None
     dtype: str | None = "auto"
     seed: int | None = 0
@@ -90,8 +91,10 @@ class EngineConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
-            raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+        for name in ("num_kv_blocks", "num_threads"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be None or an integer >= 1, got {value!r}")
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
             raise ValueError(f"kv_cache_memory must be > 0 bytes, got {self.kv_cache_memory}")
         if not 0 < self.gpu_memory_utilization <= 1:
@@ -120,7 +123,8 @@ class LLM:
                                                            EngineConfig.__dataclass_fields__))
         self.device = torch.device(self.config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         # On CPU, compute with the cores other processes leave idle (see cpu_threads.py).
-        self.thread_policy = ThreadPolicy() if self.device.type == "cpu" else None
+        self.thread_policy = (ThreadPolicy(max_threads=self.config.num_threads)
+                              if self.device.type == "cpu" else None)
         self.model, _ = load_model(model, self.config.dtype, self.device)
         self.model_config = self.model.config
         self.dtype = next(self.model.parameters()).dtype

@@ -10,6 +10,7 @@ import torch
 from engine import LLM, SamplingParams
 
 from .result import RunResult, check_lengths
+from .threads import DEFAULT
 from .workloads import Sizes, Workload, kv_capacity_tokens, torch_dtype, warmup_workload
 
 SYSTEM = "ours"
@@ -42,6 +43,8 @@ def run_ours(model_dir: str, w: Workload, s: Sizes, dtype: str, device: torch.de
              threads: str, system: str = SYSTEM) -> RunResult:
     """A fresh LLM (so the prefix cache starts cold), timed over one full generate()."""
     args = engine_args(w, s, model_dir, dtype, str(device))
+    if threads != DEFAULT:
+        args["num_threads"] = int(threads)
     llm = LLM(model_dir, **args)
     before = llm.stats()
     start = time.perf_counter()

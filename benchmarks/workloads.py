@@ -28,7 +28,7 @@ class Sizes:
     matmul_n: int = 1024
     max_batched_tokens: int = 2048
     model: dict = field(default_factory=lambda: dict(
-        vocab_size=32000, hidden_size=512, intermediate_size=2048, num_hidden_layers=8,
+        vocab_size=32000, hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
         num_attention_heads=8, num_key_value_heads=4, head_dim=64))
 
     @classmethod
