@@ -537,12 +537,13 @@ class LLM:
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         return TokensPrompt(prompt_token_ids=ids, prompt=text)
 
+    # vLLM answers a call its model cannot serve with ValueError; so does this engine.
     def beam_search(self, *args, **kwargs):
-        raise NotImplementedError("beam search is not supported by this engine")
+        raise ValueError("beam search is not supported by this engine")
 
     def encode(self, *args, **kwargs):
-        raise NotImplementedError("pooling (encode / embed / classify / score) is not supported: "
-                                  "this engine runs generative models only")
+        raise ValueError("pooling (encode / embed / classify / score) is not supported: "
+                         "this engine runs generative models only")
 
     embed = classify = score = encode
 

@@ -10,7 +10,7 @@ import pytest
 
 from chapter_table import ROWS, RULE, STRATEGIES, chapter_rows
 from demo_output import squash
-from hf_reference import random_prompt
+from helpers import random_prompt
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 BLOCK = 8

@@ -8,7 +8,7 @@ import run
 from chapter_table import ROWS
 from demo_output import chapter_counts, round_counts
 from engine import SamplingParams
-from hf_reference import make_llm, random_prompt
+from helpers import make_llm, random_prompt
 
 
 def test_run_demo_small(llama_dir, capsys):
