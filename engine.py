@@ -16,7 +16,6 @@ finishes alone with ``finish_reason="error"``.
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import time
 import warnings
@@ -27,6 +26,13 @@ import numpy as np
 import torch
 
 from block_manager import BlockManager, KVCachePool
+from checkpoint_files import (
+    eos_token_ids,
+    generation_config,
+    load_tokenizer,
+    read_template,
+    render_chat,
+)
 from cpu_threads import ThreadPolicy
 from engine_args import EngineArgs, translate_engine_args
 from intake import (
@@ -130,9 +136,10 @@ class LLM:
         self.dtype = next(self.model.parameters()).dtype
         self.model_path = Path(model)
         self.tokenizer = (None if self.config.skip_tokenizer_init
-                          else _load_tokenizer(Path(self.config.tokenizer or model)))
-        self.generation_config = _generation_config(self.model_path, self.config)
-        self.eos_token_ids = set(_eos_token_ids(self.model_path, self.model_config))
+                          else load_tokenizer(Path(self.config.tokenizer or model)))
+        self.generation_config = generation_config(self.model_path, self.config.generation_config,
+                                                   self.config.override_generation_config)
+        self.eos_token_ids = set(eos_token_ids(self.model_path, self.model_config))
         self.max_model_len = self._resolve_max_model_len()
         self.kv_cache = self._allocate_kv_cache()
         self.block_manager = BlockManager(self.num_blocks, self.block_size)
@@ -515,27 +522,11 @@ class LLM:
         unsupported.pop("chat_template_content_format", None)  # plain-text contents only
         _reject_request_extras(lora_request, None, unsupported)
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        prompts = [self._render_chat(c, chat_template, add_generation_prompt,
-                                     continue_final_message, tools, chat_template_kwargs or {})
+        template = read_template(chat_template or self.config.chat_template)
+        prompts = [render_chat(self.tokenizer, c, template, add_generation_prompt,
+                               continue_final_message, tools, chat_template_kwargs or {})
                    for c in conversations]
         return self.generate(prompts, sampling_params, use_tqdm)
-
-    def _render_chat(self, conversation, template, add_generation_prompt, continue_final_message,
-                     tools, extra: dict) -> TokensPrompt:
-        if self.tokenizer is None:
-            raise ValueError("chat() needs a tokenizer with a chat template, but the checkpoint "
-                             "has no tokenizer")
-        template = _read_template(template or self.config.chat_template)
-        if template is None and not getattr(self.tokenizer, "chat_template", None):
-            raise ValueError("chat() needs a chat template: the tokenizer has none; pass "
-                             "chat_template=... (to chat() or to LLM)")
-        text = self.tokenizer.apply_chat_template(
-            conversation, tokenize=False, add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message, tools=tools, chat_template=template,
-            **extra)
-        # The template writes the special tokens itself (BOS included), as in vLLM.
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        return TokensPrompt(prompt_token_ids=ids, prompt=text)
 
     # vLLM answers a call its model cannot serve with ValueError; so does this engine.
     def beam_search(self, *args, **kwargs):
@@ -655,13 +646,6 @@ def _reject_request_extras(lora_request, priority, unsupported: dict) -> None:
             raise TypeError(f"{name} is not supported by this engine")
 
 
-def _read_template(template: str | None) -> str | None:
-    """A chat template given as text, or as the path of a file holding it."""
-    if template is not None and "{" not in template and Path(template).is_file():
-        return Path(template).read_text()
-    return template
-
-
 def _as_prompt_list(prompts) -> list:
     if isinstance(prompts, (str, dict, np.ndarray, torch.Tensor)):
         return [prompts]
@@ -674,41 +658,6 @@ def _as_prompt_list(prompts) -> list:
 def _progress_bar(total: int, enabled: bool):
     from tqdm.auto import tqdm
     return tqdm(total=total, desc="generate", unit="req", disable=not enabled, dynamic_ncols=True)
-
-
-def _load_tokenizer(path: Path):
-    names = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-    if not any((path / n).is_file() for n in names):
-        return None
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(path)
-
-
-def _generation_config(model_path: Path, config: EngineConfig) -> dict:
-    """generation_config.json as vLLM reads it: the model's ("auto"), none ("vllm"), or the one
-    in another directory; then ``override_generation_config`` on top."""
-    source = config.generation_config
-    folder = None if source == "vllm" else model_path if source == "auto" else Path(source)
-    found = {}
-    if folder is not None:
-        path = folder / "generation_config.json"
-        if source not in ("auto", "vllm") and not path.is_file():
-            raise FileNotFoundError(f"generation_config={source!r}: no generation_config.json there")
-        if path.is_file():
-            found = json.loads(path.read_text())
-    return {**found, **config.override_generation_config}
-
-
-def _eos_token_ids(path: Path, model_config) -> tuple[int, ...]:
-    """EOS ids from generation_config.json when it exists (even without an eos_token_id:
-    then none, as HF ``generate`` and vLLM do), else from config.json."""
-    gen = path / "generation_config.json"
-    if gen.is_file():
-        eos = json.loads(gen.read_text()).get("eos_token_id")
-        if eos is None:
-            return ()
-        return tuple(eos) if isinstance(eos, list) else (int(eos),)
-    return model_config.eos_token_ids
 
 
 def _available_ram() -> int:

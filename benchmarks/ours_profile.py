@@ -14,8 +14,9 @@ from engine import LLM, SamplingParams
 from .ours import engine_args
 from .workloads import Sizes, Workload, random_tokens
 
+# The model's linears run as oneDNN kernels on CPU float32 (model.Linear); they are matmuls too.
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul",
-              "aten::linear")
+              "aten::linear", "mkldnn::_linear_pointwise", "mkldnn::_linear_pointwise.binary")
 
 
 def sync(device: torch.device) -> None:
