@@ -156,8 +156,7 @@ class LLM:
         self._request_ids = itertools.count()
         self._token_texts = TokenTexts(self.tokenizer)
         self._states: dict[str, RequestState] = {}       # request id -> its record
-        self._seq_states: dict[Sequence, SequenceState] = {}
-        self._seq_requests: dict[Sequence, RequestState] = {}
+        self._seq_states: dict[Sequence, SequenceState] = {}  # its request: .request
         self._requests: dict[str, Sequence] = {}         # sequence id -> queued / running sequence
         self._unclaimed: list[RequestOutput] = []
 
@@ -247,7 +246,7 @@ class LLM:
             seq_id = state.request_id if params.n == 1 else f"{index}_{state.request_id}"
             seq = Sequence(parsed.token_ids, child, request_id=seq_id, cache_salt=parsed.cache_salt,
                            root_hash=root, prompt_text=parsed.text)
-            state.sequences.append(SequenceState(index, seq, self._detokenizer(child, parsed.token_ids),
+            state.sequences.append(SequenceState(index, seq, state, self._detokenizer(child, parsed.token_ids),
                                                  None if child.logprobs is None else 0.0))
         return state
 
@@ -292,7 +291,7 @@ class LLM:
             seq = seq_state.seq
             seq.arrival_time = now
             self._requests[seq.request_id] = seq
-            self._seq_states[seq], self._seq_requests[seq] = seq_state, state
+            self._seq_states[seq] = seq_state
             self.scheduler.add(seq)
 
     def abort(self, request_id: str) -> bool:
@@ -311,7 +310,6 @@ class LLM:
     def _forget_sequence(self, seq: Sequence) -> None:
         self._requests.pop(seq.request_id, None)
         self._seq_states.pop(seq, None)
-        self._seq_requests.pop(seq, None)
 
     def has_unfinished_requests(self) -> bool:
         """True while a request runs or waits, or has finished with its output not yet returned."""
@@ -338,7 +336,7 @@ class LLM:
         self._note_cached_tokens(chunks)
         if self.thread_policy is not None:
             self.thread_policy.maybe_update()  # rate-limited: reads /proc every few seconds
-        plan = _LogitsPlan.build(chunks, self._seq_requests)
+        plan = _LogitsPlan.build(chunks, self._seq_states)
         logits = self._run_model(chunks, plan.logits_index)
         sampled = [c.seq for c in chunks if c.completes_sequence]
         sample = self.sampler(logits[plan.sample_rows], sampled)
@@ -399,7 +397,7 @@ class LLM:
             seq_state = self._seq_states[seq]
             logprobs = sample.logprobs[row] if sample.logprobs is not None else None
             self._guarded(seq_state, lambda: self._after_token(seq_state, token, logprobs))
-            touched.append(self._seq_requests[seq])
+            touched.append(seq_state.request)
         return touched
 
     def _after_token(self, seq_state: SequenceState, token: int, logprobs) -> None:
@@ -570,13 +568,14 @@ class _LogitsPlan:
     prompt_rows: list[tuple[RequestState, int, range]]  # (request, first logits row, positions)
 
     @classmethod
-    def build(cls, chunks: list[ScheduledChunk], requests: dict) -> "_LogitsPlan":
+    def build(cls, chunks: list[ScheduledChunk], seq_states: dict) -> "_LogitsPlan":
         plan, offset = cls([], [], []), 0
         for chunk in chunks:
             seq, start = chunk.seq, chunk.seq.num_computed_tokens
-            positions = _prompt_positions(requests[seq], seq, start, start + chunk.num_tokens)
+            request = seq_states[seq].request
+            positions = _prompt_positions(request, seq, start, start + chunk.num_tokens)
             if positions:
-                plan.prompt_rows.append((requests[seq], len(plan.logits_index), positions))
+                plan.prompt_rows.append((request, len(plan.logits_index), positions))
                 plan.logits_index += [offset + p - start for p in positions]
             if chunk.completes_sequence:
                 plan.sample_rows.append(len(plan.logits_index))

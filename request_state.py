@@ -23,6 +23,7 @@ class SequenceState:
 
     index: int
     seq: Sequence
+    request: RequestState  # the request this sequence is one of the n of
     detokenizer: IncrementalDetokenizer | None
     cumulative_logprob: float | None
     stop_reason: int | str | None = None
