@@ -84,10 +84,6 @@ class Sequence:
         return self.num_tokens - self.num_computed_tokens
 
     @property
-    def prompt_token_ids(self) -> list[int]:
-        return self.tokens[:self.num_prompt_tokens].tolist()
-
-    @property
     def output_token_ids(self) -> list[int]:
         return self.tokens[self.num_prompt_tokens:self.num_tokens].tolist()
 
