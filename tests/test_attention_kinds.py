@@ -3,8 +3,8 @@
 The HF-parity tests check whole models end to end; these check the paged attention itself on
 batches built to hit every kind and edge: a prompt from position 0, a chunk after a prefix,
 decode contexts spanning one and several chunks (and a partial last block), a decode batch
-sharing cached leading blocks, sliding windows, grouped-query heads, and the packed order of
-tokens mixing all of them.
+and prompt chunks sharing cached leading blocks, sliding windows, grouped-query heads, the
+packed order of tokens mixing all of them, and the plain-math path used off CPU.
 """
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ import math
 import pytest
 import torch
 
+import model
 from model import (DECODE_CHUNK_TOKENS, AttentionMetadata, CausalPrefill, LayerKV, PagedDecode,
-                   PagedPrefill, Scratch, SeqChunk, SharedPrefixDecode, paged_attention)
+                   PagedPrefill, Scratch, SeqChunk, SharedPrefixDecode, SharedPrefixPrefill,
+                   paged_attention)
 
 BLOCK, KV_HEADS, HEADS, DIM, NUM_BLOCKS = 4, 2, 4, 8, 200
 
@@ -76,6 +78,7 @@ def test_every_kind_in_one_packed_batch(windows):
         SeqChunk(0, 9, table(3, blocks_for(9))),            # a prompt from position 0
         SeqChunk(LONG, 1, table(40, blocks_for(LONG + 1))),  # decode over several chunks
         SeqChunk(8, 5, table(90, blocks_for(13))),          # a chunk after an 8-token prefix
+        SeqChunk(6, 3, table(150, blocks_for(9))),          # ... and one after another prefix
         SeqChunk(0, 1, table(120, 1)),                      # a one-token prompt
     ]
     meta = run_batch(chunks, windows)
@@ -103,3 +106,41 @@ def test_prefix_shared_only_up_to_the_shortest_context():
 
 def test_single_decode_and_one_chunk_context():
     run_batch([SeqChunk(2, 1, table(9, 1))], {None, 6}, seed=3)
+
+
+@pytest.mark.parametrize("windows", [{None}, {None, 6}])
+def test_prefill_chunks_sharing_cached_blocks(windows):
+    """Chunks after one cached prefix: the prefix attended once for all, merged by log-sum-exp."""
+    shared = table(5, 3)
+    chunks = [SeqChunk(n, length, shared + table(60 + 13 * i, blocks_for(n + length) - 3))
+              for i, (n, length) in enumerate([(12, 5), (14, 7), (13, 2), (LONG, 9)])]
+    meta = run_batch(chunks, windows, seed=4)
+    assert [type(p) for p in meta.parts] == [SharedPrefixPrefill]
+    assert meta.parts[0].shared_blocks.tolist() == shared
+    assert (meta.parts[0].windowed is not None) == (6 in windows)
+
+
+def test_one_long_prompt_continued_attends_its_earlier_chunks_unmasked():
+    chunks = [SeqChunk(13, 9, table(9, blocks_for(22)))]
+    meta = run_batch(chunks, {None}, seed=5)
+    assert meta.parts[0].shared_blocks.tolist() == table(9, 3)  # 13 // BLOCK full blocks
+
+
+def test_windowed_only_model_keeps_the_padded_prefill():
+    shared = table(5, 3)
+    chunks = [SeqChunk(12, 5, shared + table(60, 2)), SeqChunk(12, 3, shared + table(80, 1))]
+    meta = run_batch(chunks, {6}, seed=6)
+    assert [type(p) for p in meta.parts] == [PagedPrefill]
+
+
+@pytest.mark.parametrize("windows", [{None}, {None, 6}])
+def test_shared_kinds_with_plain_math(monkeypatch, windows):
+    """Off CPU (no flash kernel with log-sum-exp) the shared kinds use matmuls; same results."""
+    monkeypatch.setattr(model, "CPU_FLASH_LSE", False)
+    shared = table(5, 3)
+    decode = [SeqChunk(n, 1, shared + table(60 + 13 * i, blocks_for(n + 1) - 3))
+              for i, n in enumerate([12, 20])]
+    prefill = [SeqChunk(n, length, shared + table(120 + 11 * i, blocks_for(n + length) - 3))
+               for i, (n, length) in enumerate([(12, 4), (15, 6)])]
+    meta = run_batch(decode + prefill, windows, seed=7)
+    assert [type(p) for p in meta.parts] == [SharedPrefixDecode, SharedPrefixPrefill]
