@@ -3,7 +3,7 @@
 One forward takes a packed batch: the prefill chunks and decode tokens of many sequences,
 back to back, with their positions and block tables (``AttentionMetadata``). Each layer
 writes the new tokens' K/V into their slots of the pool and attends over each sequence's
-whole context through its block table, in one of four kinds of attention chosen once per
+whole context through its block table, in one of five kinds of attention chosen once per
 step. Pure PyTorch, so the same code runs on CPU and CUDA; on CPU in float32 the linear
 layers run from oneDNN-packed weights.
 
@@ -221,11 +221,14 @@ class LayerKV:
 
 # ----------------------------------------------------------------------------- attention kinds
 #
-# Each step's tokens fall into up to four kinds of attention, chosen by AttentionMetadata.build:
+# Each step's tokens fall into these kinds of attention, chosen by AttentionMetadata.build:
 #   CausalPrefill       a prompt chunk from position 0: attends only to its own fresh K/V
 #   PagedDecode         single-token queries over their paged context, in equal-length chunks
 #   SharedPrefixDecode  the same, when every sequence holds the same leading blocks
 #   PagedPrefill        prompt chunks after a cached or computed prefix: padded SDPA over the pool
+#   SharedPrefixPrefill the same, when all of them start after the same leading blocks: those
+#                       blocks once, unmasked, for every chunk; the rest as PagedPrefill; merged
+#                       exactly by log-sum-exp
 # Each kind writes its tokens' rows of ``out``. Queries are [tokens, heads, D]; grouped-query
 # attention pairs query head h with KV head h // (heads // KVH), as HF's repeat_kv does.
 
@@ -306,7 +309,7 @@ def attention_with_lse(q, k, v, mask: torch.Tensor | None = None, scale: float |
 
     On CPU this is the flash kernel SDPA itself runs (its log-sum-exp output is not exposed by
     the public API); elsewhere plain math."""
-    if q.device.type == "cpu" and q.dtype in (torch.float32, torch.bfloat16) and CPU_FLASH_LSE:
+    if flash_with_lse(q.device, q.dtype):
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, False, attn_mask=mask, scale=scale)
     scores = torch.matmul(q, k.transpose(-1, -2)).float() * (scale or q.shape[-1] ** -0.5)
@@ -317,6 +320,12 @@ def attention_with_lse(q, k, v, mask: torch.Tensor | None = None, scale: float |
 
 
 CPU_FLASH_LSE = hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
+
+
+def flash_with_lse(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether attention_with_lse runs the flash kernel (memory linear in the keys) rather
+    than materialising every score."""
+    return CPU_FLASH_LSE and device.type == "cpu" and dtype in (torch.float32, torch.bfloat16)
 
 
 def merge_two(out_a, lse_a, out_b, lse_b) -> torch.Tensor:
@@ -605,10 +614,11 @@ def _num_common_blocks(tables: np.ndarray, starts: np.ndarray, block_size: int) 
 
 
 def _later_prefill(batch: PackedBatch, rows: np.ndarray):
-    """The shared-prefix kind when the chunks start after common leading blocks and some
-    layers attend fully; a plain PagedPrefill otherwise."""
+    """The shared-prefix kind when the chunks start after common leading blocks, some layers
+    attend fully and the flash kernel with log-sum-exp is there (CPU); a PagedPrefill otherwise."""
     num_shared = _num_common_blocks(batch.tables[rows], batch.starts[rows], batch.block_size)
-    if num_shared == 0 or None not in batch.windows:
+    # Without the flash kernel the unmasked part would hold every score of a long prefix.
+    if num_shared == 0 or None not in batch.windows or not flash_with_lse(batch.device, batch.dtype):
         return _paged_prefill(batch, rows, batch.windows)
     windows = batch.windows - {None}
     return SharedPrefixPrefill(batch.tensor(batch.tables[rows[0], :num_shared]),

@@ -135,7 +135,8 @@ def test_windowed_only_model_keeps_the_padded_prefill():
 
 @pytest.mark.parametrize("windows", [{None}, {None, 6}])
 def test_shared_kinds_with_plain_math(monkeypatch, windows):
-    """Off CPU (no flash kernel with log-sum-exp) the shared kinds use matmuls; same results."""
+    """Off CPU (no flash kernel with log-sum-exp) the shared decode part uses matmuls and prefill
+    chunks after a shared prefix take the padded SDPA; same results."""
     monkeypatch.setattr(model, "CPU_FLASH_LSE", False)
     shared = table(5, 3)
     decode = [SeqChunk(n, 1, shared + table(60 + 13 * i, blocks_for(n + 1) - 3))
@@ -143,4 +144,4 @@ def test_shared_kinds_with_plain_math(monkeypatch, windows):
     prefill = [SeqChunk(n, length, shared + table(120 + 11 * i, blocks_for(n + length) - 3))
                for i, (n, length) in enumerate([(12, 4), (15, 6)])]
     meta = run_batch(decode + prefill, windows, seed=7)
-    assert [type(p) for p in meta.parts] == [SharedPrefixDecode, SharedPrefixPrefill]
+    assert [type(p) for p in meta.parts] == [SharedPrefixDecode, PagedPrefill]
