@@ -302,6 +302,15 @@ def merge_partials(parts: list, owners: list[torch.Tensor], num_seqs: int) -> to
     return num.div_(den)
 
 
+CPU_FLASH_LSE = hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
+
+
+def flash_with_lse(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether attention_with_lse runs the flash kernel (memory linear in the keys) rather
+    than materialising every score."""
+    return CPU_FLASH_LSE and device.type == "cpu" and dtype in (torch.float32, torch.bfloat16)
+
+
 def attention_with_lse(q, k, v, mask: torch.Tensor | None = None, scale: float | None = None):
     """Softmax attention and each query row's log-sum-exp of scores, so that attention over
     disjoint key sets can be merged exactly. q [B, H, Lq, D], k/v [B, H, Lk, D] (same H),
@@ -317,15 +326,6 @@ def attention_with_lse(q, k, v, mask: torch.Tensor | None = None, scale: float |
         scores = scores + mask
     lse = torch.logsumexp(scores, dim=-1)
     return torch.matmul((scores - lse[..., None]).exp().to(v.dtype), v), lse
-
-
-CPU_FLASH_LSE = hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
-
-
-def flash_with_lse(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether attention_with_lse runs the flash kernel (memory linear in the keys) rather
-    than materialising every score."""
-    return CPU_FLASH_LSE and device.type == "cpu" and dtype in (torch.float32, torch.bfloat16)
 
 
 def merge_two(out_a, lse_a, out_b, lse_b) -> torch.Tensor:
@@ -401,8 +401,9 @@ def shared_prefix_decode(q, cache: LayerKV, window: int | None, part: SharedPref
 @dataclass
 class PagedPrefill:
     """Prompt chunks that continue a cached or earlier-computed prefix: each reads its context
-    (from block ``first_block`` on) from the pool; queries are padded to the longest chunk
-    (padding repeats the last token and is dropped), one SDPA call with a mask per window."""
+    (or, in a SharedPrefixPrefill, the part after the shared blocks) from the pool; queries are
+    padded to the longest chunk (padding repeats the last token and is dropped), one SDPA call
+    with a mask per window."""
 
     query_index: torch.Tensor  # [B * Lq] packed token of each padded query slot
     block_ids: torch.Tensor    # [B * context blocks]
@@ -454,7 +455,7 @@ class SharedPrefixPrefill:
         own = self.own
         qs = own.queries(q, cache)
         kc, vc = own.keys(cache)
-        own_out, own_lse = attention_with_lse(qs, kc, vc, mask=own.masks[None])
+        own_out, own_lse = attention_with_lse(qs, kc, vc, mask=own.masks[None])  # full attention
         batch, kv_heads, rows, dim = qs.shape
         ks, vs = cache.read_blocks(self.shared_blocks, "shared")
         everyone = qs.transpose(0, 1).reshape(1, kv_heads, batch * rows, dim)
@@ -618,7 +619,8 @@ def _later_prefill(batch: PackedBatch, rows: np.ndarray):
     attend fully and the flash kernel with log-sum-exp is there (CPU); a PagedPrefill otherwise."""
     num_shared = _num_common_blocks(batch.tables[rows], batch.starts[rows], batch.block_size)
     # Without the flash kernel the unmasked part would hold every score of a long prefix.
-    if num_shared == 0 or None not in batch.windows or not flash_with_lse(batch.device, batch.dtype):
+    usable = num_shared > 0 and None in batch.windows and flash_with_lse(batch.device, batch.dtype)
+    if not usable:
         return _paged_prefill(batch, rows, batch.windows)
     windows = batch.windows - {None}
     return SharedPrefixPrefill(batch.tensor(batch.tables[rows[0], :num_shared]),
