@@ -43,7 +43,8 @@ from intake import (
     parse_prompt,
     prepare_params,
 )
-from model import SeqChunk, load_model
+from attention import SeqChunk
+from model import load_model
 from outputs import (
     CompletionOutput,
     IncrementalDetokenizer,

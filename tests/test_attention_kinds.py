@@ -1,4 +1,4 @@
-"""Each attention kind of model.py against plain dense attention, one sequence at a time.
+"""Each attention kind of attention.py against plain dense attention, one sequence at a time.
 
 The HF-parity tests check whole models end to end; these check the paged attention itself on
 batches built to hit every kind and edge: a prompt from position 0, a chunk after a prefix,
@@ -13,10 +13,10 @@ import math
 import pytest
 import torch
 
-import model
-from model import (DECODE_CHUNK_TOKENS, AttentionMetadata, CausalPrefill, LayerKV, PagedDecode,
-                   PagedPrefill, Scratch, SeqChunk, SharedPrefixDecode, SharedPrefixPrefill,
-                   paged_attention)
+import attention
+from attention import (DECODE_CHUNK_TOKENS, AttentionMetadata, CausalPrefill, LayerKV,
+                       PagedDecode, PagedPrefill, Scratch, SeqChunk, SharedPrefixDecode,
+                       SharedPrefixPrefill, paged_attention)
 
 BLOCK, KV_HEADS, HEADS, DIM, NUM_BLOCKS = 4, 2, 4, 8, 200
 
@@ -137,7 +137,7 @@ def test_windowed_only_model_keeps_the_padded_prefill():
 def test_shared_kinds_with_plain_math(monkeypatch, windows):
     """Off CPU (no flash kernel with log-sum-exp) the shared decode part uses matmuls and prefill
     chunks after a shared prefix take the padded SDPA; same results."""
-    monkeypatch.setattr(model, "CPU_FLASH_LSE", False)
+    monkeypatch.setattr(attention, "CPU_FLASH_LSE", False)
     shared = table(5, 3)
     decode = [SeqChunk(n, 1, shared + table(60 + 13 * i, blocks_for(n + 1) - 3))
               for i, n in enumerate([12, 20])]

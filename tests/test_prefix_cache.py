@@ -289,11 +289,11 @@ def test_workload_larger_than_pool(llama_dir, reference):
 def test_decode_attends_shared_prefix_once_for_the_batch(llama_dir, reference, monkeypatch):
     """Sequences decoding over the same cached prefix blocks use the shared-prefix path
     (the prefix gathered once for the batch), and their tokens stay HF's."""
-    import model
+    import attention
 
     calls = []
-    real = model.shared_prefix_decode
-    monkeypatch.setattr(model, "shared_prefix_decode", lambda *a: calls.append(a[3].batch) or real(*a))
+    real = attention.shared_prefix_decode
+    monkeypatch.setattr(attention, "shared_prefix_decode", lambda *a: calls.append(a[3].batch) or real(*a))
     prefix = random_prompt(48, seed=90)
     prompts = [prefix + random_prompt(3 + 4 * i, seed=91 + i) for i in range(5)]
     llm = make_llm(llama_dir, block_size=8)

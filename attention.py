@@ -1,0 +1,522 @@
+"""Attention over the paged KV pool, for step14_5's decoder (``model.py``).
+
+Each layer writes its new tokens' K/V into their slots of the pool, then every token attends
+over its sequence's whole context through the sequence's block table. How depends on the kind
+of work in the step: this file holds the pool as layers read it (``LayerKV``), the attention
+kinds (each a small dataclass with ``attend()``), and ``AttentionMetadata``, built once per
+step, which sorts the packed tokens into kinds. Pure PyTorch: the same code runs on CPU and
+CUDA; on CPU two kinds use the flash kernel's log-sum-exp to merge attention over a shared
+prefix with the rest of each context.
+
+Reading order: the pool as layers read it -> attention kinds -> metadata.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+# ----------------------------------------------------------------------------- KV pool as layers read it
+
+class Scratch:
+    """Buffers reused by every layer and step. On CPU a fresh multi-MB tensor per pool read
+    costs more in page faults than the copy into it."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, torch.Tensor] = {}
+        self._offsets_key: tuple | None = None
+        self._offsets: torch.Tensor | None = None
+
+    def head_offsets(self, heads: int, blocks_per_head: int, device: torch.device) -> torch.Tensor:
+        """[heads, 1]: the first row of each head's blocks in a pool viewed one row per block."""
+        key = (heads, blocks_per_head, device)
+        if self._offsets_key != key:
+            self._offsets_key = key
+            self._offsets = torch.arange(heads, device=device)[:, None] * blocks_per_head
+        return self._offsets
+
+    def get(self, name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        numel = math.prod(shape)
+        buf = self._buffers.get(name)
+        if buf is None or buf.numel() < numel or buf.dtype != like.dtype or buf.device != like.device:
+            buf = torch.empty(numel, dtype=like.dtype, device=like.device)
+            self._buffers[name] = buf
+        return buf[:numel].view(shape)
+
+
+@dataclass
+class LayerKV:
+    """One layer's K and V pool read head-major, ``[num_kv_heads, num_blocks * block_size, head_dim]``:
+    slot ``block_id * block_size + offset`` of each head. Gathered blocks then come out as
+    per-head contiguous keys, ready for batched matmuls without a transposing copy."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    block_size: int
+    scratch: Scratch
+
+    def write(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store this step's K/V ([tokens, KVH, D]) in their slots."""
+        self.k.index_copy_(1, slots, k.transpose(0, 1))
+        self.v.index_copy_(1, slots, v.transpose(0, 1))
+
+    def read_blocks(self, block_ids: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of ``block_ids`` in order, as [KVH, len(block_ids) * block_size, D] each,
+        copied into the scratch buffers called ``name`` (valid until the next read by that name)."""
+        return self.read(self.k, block_ids, name + ".k"), self.read(self.v, block_ids, name + ".v")
+
+    def read(self, pool: torch.Tensor, block_ids: torch.Tensor, name: str) -> torch.Tensor:
+        heads, dim = pool.shape[0], pool.shape[2]
+        # One row per (head, block): a gather along dim 0 runs on every thread, one along
+        # dim 1 on one (measured 1.8x faster with two threads, the same with one).
+        rows = pool.view(-1, self.block_size * dim)
+        ids = (self.scratch.head_offsets(heads, rows.shape[0] // heads, pool.device)
+               + block_ids).view(-1)
+        buf = self.scratch.get(name, (ids.numel(), rows.shape[1]), pool)
+        return torch.index_select(rows, 0, ids, out=buf).view(heads, -1, dim)
+
+
+# ----------------------------------------------------------------------------- attention kinds
+#
+# Each step's tokens fall into these kinds of attention, chosen by AttentionMetadata.build:
+#   CausalPrefill       a prompt chunk from position 0: attends only to its own fresh K/V
+#   PagedDecode         single-token queries over their paged context, in equal-length chunks
+#   SharedPrefixDecode  the same, when every sequence holds the same leading blocks
+#   PagedPrefill        prompt chunks after a cached or computed prefix: padded SDPA over the pool
+#   SharedPrefixPrefill the same, when all of them start after the same leading blocks: those
+#                       blocks once, unmasked, for every chunk; the rest as PagedPrefill; merged
+#                       exactly by log-sum-exp
+# Each kind writes its tokens' rows of ``out``. Queries are [tokens, heads, D]; grouped-query
+# attention pairs query head h with KV head h // (heads // KVH), as HF's repeat_kv does.
+
+# Keys per decode chunk: few enough that padding each sequence's last chunk costs little,
+# enough that the batched matmuls are not all overhead (measured best of 16-256 tokens).
+DECODE_CHUNK_TOKENS = 64
+
+
+@dataclass
+class CausalPrefill:
+    """A prompt chunk from position 0: no pool read, and full-attention layers use the causal
+    kernel (no mask, the upper half of the scores skipped)."""
+
+    tokens: slice
+    window_masks: dict  # sliding window -> additive [L, L] mask over the chunk's own tokens
+
+    def attend(self, q, k, v, cache: LayerKV, window: int | None, out: torch.Tensor) -> None:
+        qs, ks, vs = (x[self.tokens].transpose(0, 1)[None] for x in (q, k, v))
+        gqa = ks.shape[1] != qs.shape[1]
+        if window is None:
+            res = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=gqa)
+        else:
+            res = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=self.window_masks[window],
+                                                 enable_gqa=gqa)
+        out[self.tokens] = res[0].transpose(0, 1)
+
+
+@dataclass
+class DecodeChunks:
+    """The keys single-token queries read, cut into chunks of equal length: chunk i holds
+    blocks of sequence ``owner[i]``; a sequence's last chunk is padded by repeating its last
+    block, masked out. Equal chunks batch into one matmul whatever the context lengths, and
+    only one chunk per sequence is padded (not every sequence to the longest)."""
+
+    owner: torch.Tensor        # [N] decode row of each chunk
+    block_ids: torch.Tensor    # [N * blocks per chunk]
+    mask: torch.Tensor         # [N, 1, chunk length] additive: 0 = visible, -inf = not
+    value_slots: torch.Tensor  # [N * g * chunk length] pool slot of every key, once per query row
+    bag_offsets: torch.Tensor  # [N * g] where each (chunk, query row) starts in value_slots
+    num_seqs: int
+
+
+def chunk_partials(q: torch.Tensor, cache: LayerKV, chunks: DecodeChunks):
+    """q: [B, KVH, g, D], already scaled. Unnormalised attention of every chunk on its own.
+
+    Keys are gathered (a matmul needs them contiguous); values are not: embedding_bag sums
+    the probability-weighted value rows straight from the pool, one bag per (chunk, query row)."""
+    k = cache.read(cache.k, chunks.block_ids, "decode.k")
+    heads, num_chunks, dim = k.shape[0], chunks.owner.numel(), k.shape[2]
+    rows = q.index_select(0, chunks.owner).transpose(0, 1)  # [KVH, N, g, D]
+    scores = torch.matmul(rows, k.view(heads, num_chunks, -1, dim).transpose(2, 3)).float()
+    peak = scores.add_(chunks.mask).amax(-1, keepdim=True)
+    probs = scores.sub_(peak).exp_()
+    weights = probs.to(cache.v.dtype)
+    out = torch.stack([F.embedding_bag(chunks.value_slots, cache.v[h], chunks.bag_offsets, mode="sum",
+                                       per_sample_weights=weights[h].view(-1)) for h in range(heads)])
+    return out.view(heads, num_chunks, -1, dim).float(), peak, probs.sum(-1, keepdim=True)
+
+
+def merge_partials(parts: list, owners: list[torch.Tensor], num_seqs: int) -> torch.Tensor:
+    """Exact attention from partials over disjoint key sets (dim 1 indexes partials, ``owners``
+    says whose): rescale each by exp(its max - the row's max), sum, divide. [KVH, B, g, D]."""
+    out, peak, total = (torch.cat(x, dim=1) if len(x) > 1 else x[0] for x in zip(*parts))
+    owner = torch.cat(owners) if len(owners) > 1 else owners[0]
+    heads, _, group, dim = out.shape
+    row_peak = peak.new_full((heads, num_seqs, group, 1), -math.inf)
+    row_peak.scatter_reduce_(1, owner.view(1, -1, 1, 1).expand_as(peak), peak, "amax")
+    scale = (peak - row_peak.index_select(1, owner)).exp_()
+    num = out.new_zeros(heads, num_seqs, group, dim).index_add_(1, owner, out.mul_(scale))
+    den = total.new_zeros(heads, num_seqs, group, 1).index_add_(1, owner, total.mul_(scale))
+    return num.div_(den)
+
+
+CPU_FLASH_LSE = hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
+
+
+def flash_with_lse(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether attention_with_lse runs the flash kernel (memory linear in the keys) rather
+    than materialising every score."""
+    return CPU_FLASH_LSE and device.type == "cpu" and dtype in (torch.float32, torch.bfloat16)
+
+
+def attention_with_lse(q, k, v, mask: torch.Tensor | None = None, scale: float | None = None):
+    """Softmax attention and each query row's log-sum-exp of scores, so that attention over
+    disjoint key sets can be merged exactly. q [B, H, Lq, D], k/v [B, H, Lk, D] (same H),
+    ``mask`` additive and broadcastable to [B, H, Lq, Lk]. Returns (out, float32 lse [B, H, Lq]).
+
+    On CPU this is the flash kernel SDPA itself runs (its log-sum-exp output is not exposed by
+    the public API); elsewhere plain math."""
+    if flash_with_lse(q.device, q.dtype):
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, False, attn_mask=mask, scale=scale)
+    scores = torch.matmul(q, k.transpose(-1, -2)).float() * (scale or q.shape[-1] ** -0.5)
+    if mask is not None:
+        scores = scores + mask
+    lse = torch.logsumexp(scores, dim=-1)
+    return torch.matmul((scores - lse[..., None]).exp().to(v.dtype), v), lse
+
+
+def merge_two(out_a, lse_a, out_b, lse_b) -> torch.Tensor:
+    """Exact attention over the union of two disjoint key sets from each set's normalised
+    result and log-sum-exp: weight each by exp(lse - the larger lse). float32 [..., D]."""
+    peak = torch.maximum(lse_a, lse_b)
+    w_a = (lse_a - peak).exp_().unsqueeze(-1)
+    w_b = (lse_b - peak).exp_().unsqueeze(-1)
+    return (out_a.float() * w_a).add_(out_b.float() * w_b).div_(w_a.add_(w_b))
+
+
+def decode_queries(q: torch.Tensor, rows: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
+    """The decode rows of q as [B, KVH, g, D], scaled by 1/sqrt(D) as SDPA would."""
+    q = q.index_select(0, rows)
+    return q.view(q.shape[0], num_kv_heads, -1, q.shape[2]) * q.shape[2] ** -0.5
+
+
+def write_decode(out: torch.Tensor, rows: torch.Tensor, res: torch.Tensor) -> None:
+    """[KVH, B, g, D] attention results back to the packed rows of out ([tokens, heads, D])."""
+    out[rows] = res.transpose(0, 1).reshape(rows.numel(), -1, res.shape[3]).to(out.dtype)
+
+
+@dataclass
+class PagedDecode:
+    """Single-token queries (decode steps) over each sequence's paged context."""
+
+    rows: torch.Tensor  # packed-token index of each sequence's query
+    chunks: dict        # window (None = full attention) -> DecodeChunks over the visible keys
+
+    def attend(self, q, k, v, cache: LayerKV, window: int | None, out: torch.Tensor) -> None:
+        plan = self.chunks[window]
+        qd = decode_queries(q, self.rows, cache.k.shape[0])
+        write_decode(out, self.rows, merge_partials([chunk_partials(qd, cache, plan)], [plan.owner],
+                                                    plan.num_seqs))
+
+
+@dataclass
+class SharedPrefixDecode:
+    """Decode steps of sequences that all hold the same leading blocks (a cached system
+    prompt): the shared blocks are read once and scored for the whole batch in one matmul
+    per KV head, instead of once per sequence."""
+
+    rows: torch.Tensor
+    batch: int
+    shared_blocks: torch.Tensor  # the leading block ids every sequence holds
+    own: DecodeChunks            # each sequence's keys after the shared blocks
+    windowed: dict               # sliding window -> DecodeChunks over the visible keys
+
+    def attend(self, q, k, v, cache: LayerKV, window: int | None, out: torch.Tensor) -> None:
+        qd = decode_queries(q, self.rows, cache.k.shape[0])
+        write_decode(out, self.rows, shared_prefix_decode(qd, cache, window, self))
+
+
+def shared_prefix_decode(q, cache: LayerKV, window: int | None, part: SharedPrefixDecode):
+    """Attention of a SharedPrefixDecode batch: the shared keys as one partial, each sequence's
+    own chunks as others, one merge (exact softmax). A sliding window sees a different part of
+    the prefix per sequence, so windowed layers take the plain chunked path."""
+    if window is not None:
+        plan = part.windowed[window]
+        return merge_partials([chunk_partials(q, cache, plan)], [plan.owner], part.batch)
+    ks, vs = cache.read_blocks(part.shared_blocks, "shared")
+    heads, group, dim = q.shape[1], q.shape[2], q.shape[3]
+    rows = q.transpose(0, 1).reshape(1, heads, part.batch * group, dim)
+    out, lse = attention_with_lse(rows, ks[None], vs[None], scale=1.0)  # q is already scaled
+    # A normalised partial is (out, peak=lse, total=1) in merge_partials' terms.
+    shared = (out.view(heads, part.batch, group, dim).float(),
+              lse.view(heads, part.batch, group, 1), lse.new_ones(heads, part.batch, group, 1))
+    everyone = torch.arange(part.batch, device=q.device)
+    return merge_partials([shared, chunk_partials(q, cache, part.own)], [everyone, part.own.owner],
+                          part.batch)
+
+
+@dataclass
+class PagedPrefill:
+    """Prompt chunks that continue a cached or earlier-computed prefix: each reads its context
+    (or, in a SharedPrefixPrefill, the part after the shared blocks) from the pool; queries are
+    padded to the longest chunk (padding repeats the last token and is dropped), one SDPA call
+    with a mask per window."""
+
+    query_index: torch.Tensor  # [B * Lq] packed token of each padded query slot
+    block_ids: torch.Tensor    # [B * context blocks]
+    masks: dict                # window -> additive [B, 1, Lq * g, context blocks * block_size]
+    real: torch.Tensor         # which of the B * Lq slots are real queries...
+    real_tokens: torch.Tensor  # ...and their packed-token index
+    batch: int
+    q_len: int
+
+    def attend(self, q, k, v, cache: LayerKV, window: int | None, out: torch.Tensor) -> None:
+        kc, vc = self.keys(cache)
+        self.scatter(out, F.scaled_dot_product_attention(self.queries(q, cache), kc, vc,
+                                                         attn_mask=self.masks[window]))
+
+    def queries(self, q: torch.Tensor, cache: LayerKV) -> torch.Tensor:
+        """The padded queries grouped by KV head, [B, KVH, Lq * g, D]."""
+        kv_heads, dim = cache.k.shape[0], q.shape[2]
+        return (q.index_select(0, self.query_index).view(self.batch, self.q_len, kv_heads, -1, dim)
+                .transpose(1, 2).reshape(self.batch, kv_heads, -1, dim))
+
+    def keys(self, cache: LayerKV) -> tuple[torch.Tensor, torch.Tensor]:
+        kv_heads, dim = cache.k.shape[0], cache.k.shape[2]
+        return tuple(x.view(kv_heads, self.batch, -1, dim).transpose(0, 1)
+                     for x in cache.read_blocks(self.block_ids, "prefill"))
+
+    def scatter(self, out: torch.Tensor, res: torch.Tensor) -> None:
+        """[B, KVH, Lq * g, D] results back to the real tokens' rows of out."""
+        dim = res.shape[3]
+        res = (res.view(self.batch, res.shape[1], self.q_len, -1, dim).transpose(1, 2)
+               .reshape(self.batch * self.q_len, -1, dim))
+        out[self.real_tokens] = res.index_select(0, self.real).to(out.dtype)
+
+
+@dataclass
+class SharedPrefixPrefill:
+    """Prompt chunks that all continue after the same leading blocks (a cached system prompt,
+    or one long prompt's earlier chunks): every query sees all of those keys, so they are
+    attended without a mask in one call for all chunks, the rest of each context as a
+    PagedPrefill, and the two merged exactly by log-sum-exp. A sliding window sees a
+    different part of the prefix per query: windowed layers take the plain PagedPrefill."""
+
+    shared_blocks: torch.Tensor
+    own: PagedPrefill          # each chunk's keys after the shared blocks (full attention)
+    windowed: PagedPrefill | None
+
+    def attend(self, q, k, v, cache: LayerKV, window: int | None, out: torch.Tensor) -> None:
+        if window is not None:
+            return self.windowed.attend(q, k, v, cache, window, out)
+        own = self.own
+        qs = own.queries(q, cache)
+        kc, vc = own.keys(cache)
+        own_out, own_lse = attention_with_lse(qs, kc, vc, mask=own.masks[None])  # full attention
+        batch, kv_heads, rows, dim = qs.shape
+        ks, vs = cache.read_blocks(self.shared_blocks, "shared")
+        everyone = qs.transpose(0, 1).reshape(1, kv_heads, batch * rows, dim)
+        shared_out, shared_lse = attention_with_lse(everyone, ks[None], vs[None])
+        shared_out = shared_out.view(kv_heads, batch, rows, dim).transpose(0, 1)
+        shared_lse = shared_lse.view(kv_heads, batch, rows).transpose(0, 1)
+        own.scatter(out, merge_two(own_out, own_lse, shared_out, shared_lse))
+
+
+def paged_attention(q, k, v, cache: LayerKV, meta: "AttentionMetadata", window: int | None):
+    """q: [T, H, D]; k, v: this step's [T, KVH, D], already written into the pool."""
+    out = torch.empty_like(q)
+    for part in meta.parts:
+        part.attend(q, k, v, cache, window, out)
+    return out
+
+
+# ----------------------------------------------------------------------------- attention metadata
+
+@dataclass
+class SeqChunk:
+    """What one sequence contributes to a forward: positions [start, start + length)."""
+
+    start: int
+    length: int
+    block_table: list[int]
+
+
+@dataclass
+class PackedBatch:
+    """One step's chunks as numpy arrays, and what every kind's builder needs besides."""
+
+    lengths: np.ndarray
+    starts: np.ndarray
+    first_token: np.ndarray  # index of each chunk's first token in the packed batch
+    tables: np.ndarray       # block tables, zero-padded to the longest
+    block_size: int
+    windows: set             # sliding windows of the model's layers (None = full attention)
+    queries_per_kv: int
+    dtype: torch.dtype
+    device: torch.device
+
+    def tensor(self, array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
+
+    def additive(self, allowed: np.ndarray) -> torch.Tensor:
+        """0 where attention is allowed, -inf elsewhere, in the model's dtype."""
+        return self.tensor(np.where(allowed, 0.0, -np.inf)).to(self.dtype)
+
+
+@dataclass
+class AttentionMetadata:
+    """Everything the layers need about one packed batch; built once per step, shared by layers."""
+
+    positions: torch.Tensor     # [T]
+    slot_mapping: torch.Tensor  # [T] where each new token's K/V is written
+    parts: list                 # CausalPrefill | PagedDecode | SharedPrefixDecode | PagedPrefill
+
+    @classmethod
+    def build(cls, chunks: list[SeqChunk], block_size: int, windows: set, queries_per_kv: int,
+              dtype: torch.dtype, device: torch.device) -> "AttentionMetadata":
+        lengths = np.fromiter((c.length for c in chunks), dtype=np.int64, count=len(chunks))
+        starts = np.fromiter((c.start for c in chunks), dtype=np.int64, count=len(chunks))
+        tables = _pad_block_tables([c.block_table for c in chunks])
+        first_token = np.cumsum(lengths) - lengths
+        seq_of_token = np.repeat(np.arange(len(chunks)), lengths)
+        positions = np.arange(lengths.sum()) - first_token[seq_of_token] + starts[seq_of_token]
+        slots = tables[seq_of_token, positions // block_size] * block_size + positions % block_size
+        batch = PackedBatch(lengths, starts, first_token, tables, block_size, windows,
+                            queries_per_kv, dtype, device)
+        return cls(batch.tensor(positions), batch.tensor(slots), _attention_parts(batch))
+
+
+def _attention_parts(batch: PackedBatch) -> list:
+    """Decode tokens batch well; a prompt chunk from position 0 gets its own causal call (no
+    padding, half the scores skipped); chunks after a cached or computed prefix share one."""
+    lengths, starts = batch.lengths, batch.starts
+    parts = []
+    decode = np.flatnonzero(lengths == 1)
+    if len(decode):
+        parts.append(_decode_part(batch, decode))
+    parts += [_causal_prefill(batch, row) for row in np.flatnonzero((lengths > 1) & (starts == 0))]
+    later = np.flatnonzero((lengths > 1) & (starts > 0))
+    if len(later):
+        parts.append(_later_prefill(batch, later))
+    return parts
+
+
+def _pad_block_tables(tables: list[list[int]]) -> np.ndarray:
+    width = max(len(t) for t in tables)
+    padded = np.zeros((len(tables), width), dtype=np.int64)
+    for row, table in enumerate(tables):
+        padded[row, :len(table)] = table
+    return padded
+
+
+def _causal_prefill(batch: PackedBatch, row: int) -> CausalPrefill:
+    first, length = int(batch.first_token[row]), int(batch.lengths[row])
+    pos = np.arange(length)
+    causal = pos[None, :] <= pos[:, None]
+    masks = {w: batch.additive(causal & (pos[None, :] > pos[:, None] - w))
+             for w in batch.windows if w is not None}
+    return CausalPrefill(slice(first, first + length), masks)
+
+
+def _decode_part(batch: PackedBatch, rows: np.ndarray):
+    """The shared-prefix kind when every row holds the same cached leading blocks (and some
+    layers attend fully, which is where sharing pays); plain decode chunks otherwise."""
+    tables, starts = batch.tables[rows], batch.starts[rows]
+    ends = starts + 1
+    index = batch.tensor(batch.first_token[rows])
+    windowed = {w: _decode_chunks(batch, tables, np.maximum(ends - w, 0), ends)
+                for w in batch.windows if w is not None}
+    if None not in batch.windows:
+        return PagedDecode(index, windowed)
+    num_shared = _num_shared_blocks(tables, starts, batch.block_size)
+    own_from = np.full_like(ends, num_shared * batch.block_size)  # 0 when nothing is shared
+    own = _decode_chunks(batch, tables, own_from, ends)
+    if num_shared == 0:
+        return PagedDecode(index, {None: own, **windowed})
+    return SharedPrefixDecode(index, len(rows), batch.tensor(tables[0, :num_shared]), own, windowed)
+
+
+def _decode_chunks(batch: PackedBatch, tables: np.ndarray, lo: np.ndarray,
+                   hi: np.ndarray) -> DecodeChunks:
+    """Chunks over keys [lo, hi) of each row of ``tables``, DECODE_CHUNK_TOKENS long (whole blocks)."""
+    bs = batch.block_size
+    per_chunk = max(1, DECODE_CHUNK_TOKENS // bs)
+    first, last = lo // bs, (hi - 1) // bs
+    num_chunks = -(-(last - first + 1) // per_chunk)
+    owner = np.repeat(np.arange(len(tables)), num_chunks)
+    nth = np.arange(len(owner)) - np.repeat(np.cumsum(num_chunks) - num_chunks, num_chunks)
+    block_pos = (first[owner] + nth * per_chunk)[:, None] + np.arange(per_chunk)  # [N, per_chunk]
+    ids = tables[owner[:, None], np.minimum(block_pos, last[owner][:, None])]
+    key_pos = (block_pos[:, :, None] * bs + np.arange(bs)).reshape(len(owner), 1, -1)
+    visible = (key_pos >= lo[owner][:, None, None]) & (key_pos < hi[owner][:, None, None])
+    key_slots = (ids[:, :, None] * bs + np.arange(bs)).reshape(len(owner), 1, -1)
+    value_slots = np.repeat(key_slots, batch.queries_per_kv, axis=1)  # one bag per query row
+    bag_offsets = np.arange(0, value_slots.size, key_slots.shape[2])
+    return DecodeChunks(batch.tensor(owner), batch.tensor(ids.ravel()),
+                        batch.tensor(np.where(visible, 0.0, -np.inf).astype(np.float32)),
+                        batch.tensor(value_slots.ravel()), batch.tensor(bag_offsets), len(tables))
+
+
+def _num_shared_blocks(tables: np.ndarray, starts: np.ndarray, block_size: int) -> int:
+    """Leading blocks that every sequence of a decode batch holds (a cached shared prefix)."""
+    if len(tables) < 2:
+        return 0
+    return _num_common_blocks(tables, starts, block_size)
+
+
+def _num_common_blocks(tables: np.ndarray, starts: np.ndarray, block_size: int) -> int:
+    """Leading blocks all rows hold, complete before every row's first query position."""
+    same = (tables == tables[:1]).all(axis=0)
+    shared = len(same) if same.all() else int(np.argmin(same))
+    return min(shared, int(starts.min()) // block_size)
+
+
+def _later_prefill(batch: PackedBatch, rows: np.ndarray):
+    """The shared-prefix kind when the chunks start after common leading blocks, some layers
+    attend fully and the flash kernel with log-sum-exp is there (CPU); a PagedPrefill otherwise."""
+    num_shared = _num_common_blocks(batch.tables[rows], batch.starts[rows], batch.block_size)
+    # Without the flash kernel the unmasked part would hold every score of a long prefix.
+    usable = num_shared > 0 and None in batch.windows and flash_with_lse(batch.device, batch.dtype)
+    if not usable:
+        return _paged_prefill(batch, rows, batch.windows)
+    windows = batch.windows - {None}
+    return SharedPrefixPrefill(batch.tensor(batch.tables[rows[0], :num_shared]),
+                               _paged_prefill(batch, rows, {None}, first_block=num_shared),
+                               _paged_prefill(batch, rows, windows) if windows else None)
+
+
+def _paged_prefill(batch: PackedBatch, rows: np.ndarray, windows: set,
+                   first_block: int = 0) -> PagedPrefill:
+    lengths, starts, first_token = batch.lengths[rows], batch.starts[rows], batch.first_token[rows]
+    q_len = int(lengths.max())
+    num_blocks = -(-int((starts + lengths).max()) // batch.block_size)
+    j = np.arange(q_len)
+    # Padded query slots repeat the sequence's last token: finite output, then discarded.
+    offset = np.minimum(j[None, :], lengths[:, None] - 1)
+    query_index = first_token[:, None] + offset
+    valid = j[None, :] < lengths[:, None]
+    masks = _prefill_masks(batch, starts[:, None] + offset, first_block * batch.block_size,
+                           num_blocks * batch.block_size, windows)
+    block_ids = batch.tables[rows, first_block:num_blocks].ravel()
+    return PagedPrefill(batch.tensor(query_index.ravel()), batch.tensor(block_ids), masks,
+                        batch.tensor(np.flatnonzero(valid.ravel())), batch.tensor(query_index[valid]),
+                        len(rows), q_len)
+
+
+def _prefill_masks(batch: PackedBatch, q_pos: np.ndarray, kv_from: int, kv_to: int,
+                   windows: set) -> dict:
+    """Additive masks per window, [B, 1, Lq * g, kv_to - kv_from], over key positions
+    [kv_from, kv_to): whole blocks are read, so any key past a sequence's context is simply
+    in its future."""
+    k_pos = np.arange(kv_from, kv_to)[None, None, :]
+    causal = k_pos <= q_pos[:, :, None]
+    masks = {}
+    for window in windows:
+        allowed = causal if window is None else causal & (k_pos > q_pos[:, :, None] - window)
+        allowed = np.repeat(allowed, batch.queries_per_kv, axis=1)  # GQA rows: g per query
+        masks[window] = batch.additive(allowed)[:, None]
+    return masks
