@@ -432,7 +432,8 @@ def _decode_part(batch: PackedBatch, rows: np.ndarray):
                 for w in batch.windows if w is not None}
     if None not in batch.windows:
         return PagedDecode(index, windowed)
-    num_shared = _num_shared_blocks(tables, starts, batch.block_size)
+    # A lone sequence gains nothing from scoring "shared" blocks once.
+    num_shared = _num_common_blocks(tables, starts, batch.block_size) if len(rows) > 1 else 0
     own_from = np.full_like(ends, num_shared * batch.block_size)  # 0 when nothing is shared
     own = _decode_chunks(batch, tables, own_from, ends)
     if num_shared == 0:
@@ -459,13 +460,6 @@ def _decode_chunks(batch: PackedBatch, tables: np.ndarray, lo: np.ndarray,
     return DecodeChunks(batch.tensor(owner), batch.tensor(ids.ravel()),
                         batch.tensor(np.where(visible, 0.0, -np.inf).astype(np.float32)),
                         batch.tensor(value_slots.ravel()), batch.tensor(bag_offsets), len(tables))
-
-
-def _num_shared_blocks(tables: np.ndarray, starts: np.ndarray, block_size: int) -> int:
-    """Leading blocks that every sequence of a decode batch holds (a cached shared prefix)."""
-    if len(tables) < 2:
-        return 0
-    return _num_common_blocks(tables, starts, block_size)
 
 
 def _num_common_blocks(tables: np.ndarray, starts: np.ndarray, block_size: int) -> int:
