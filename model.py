@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attention import AttentionMetadata, LayerKV, Scratch, SeqChunk, paged_attention
+from internals.attention import AttentionMetadata, LayerKV, Scratch, SeqChunk, paged_attention
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                            "MistralForCausalLM")

@@ -30,7 +30,7 @@ import torch
 from tqdm.auto import tqdm
 
 from engine import LLM, SamplingParams
-from chapter_table import STRATEGIES, HashMeter, chapter_rows, prefill_ms, print_chapter_table
+from teaching.chapter_table import STRATEGIES, HashMeter, chapter_rows, prefill_ms, print_chapter_table
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_MODEL = HERE / "demo_model"
@@ -245,7 +245,7 @@ def main(argv=None) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     if args.chain:
-        import chain_view
+        from teaching import chain_view
         return chain_view.main(args)
     model_dir = Path(args.model)
     demo = run_all_modes(args, model_dir)
@@ -263,7 +263,7 @@ def main(argv=None) -> int:
     print("\nPer round (round 2 = round 1 again + follow-up turns extending round 1's answers):")
     print_rounds(demo.results)
     if args.plot:
-        import demo_plots
+        from teaching import demo_plots
         demo_plots.write_all(Path(args.plot), demo.results, args.block_size)
     return report_identical(demo.tokens, args.num_requests)
 

@@ -19,15 +19,11 @@ import enum
 import itertools
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from block_manager import Block, BlockManager
-from sampling_params import SamplingParams
-
-if TYPE_CHECKING:
-    from prefix_cache import PrefixCache
+from api.sampling_params import SamplingParams
 
 # Token ids as fixed-width little-endian bytes: what is hashed, stable across processes.
 TOKEN_DTYPE = np.dtype("<i8")
@@ -138,7 +134,7 @@ class SchedulerStats:
 class Scheduler:
     config: SchedulerConfig
     block_manager: BlockManager
-    prefix_cache: PrefixCache | None  # None: prefix caching off
+    prefix_cache: "PrefixCache | None"  # prefix_cache.py (which imports this module); None: off
     waiting: deque = field(default_factory=deque)
     running: list = field(default_factory=list)  # admission order: the tail is preempted first
     stats: SchedulerStats = field(default_factory=SchedulerStats)

@@ -62,7 +62,7 @@ class VllmPeer:
         env = dict(os.environ, **vllm_env(threads))
         # cwd is the temp dir: whatever vLLM writes relative to it stays out of the project.
         with open(log_path, "w") as log:
-            proc = subprocess.run([self.python, SCRIPT, spec_path, out_path], env=env,
+            proc = subprocess.run([self.python, "-P", SCRIPT, spec_path, out_path], env=env,
                                   stdout=log, stderr=subprocess.STDOUT, timeout=self.timeout_s,
                                   cwd=os.path.dirname(spec_path))
         if proc.returncode != 0 or not os.path.exists(out_path):

@@ -1,6 +1,6 @@
 """Runs the bench's workloads on vLLM's CPU build; run by vLLM's own interpreter, not ours.
 
-    VLLM_PYTHON vllm_script.py SPEC.json OUT.json
+    VLLM_PYTHON -P vllm_script.py SPEC.json OUT.json   (-P: this folder never shadows vLLM's imports)
 
 SPEC (written by ``peer_vllm``): model_dir, dtype, max_num_batched_tokens, max_num_seqs,
 max_model_len, kv_cache_memory_bytes, repeats, warmup and workloads (each: name, prompts as
@@ -16,10 +16,6 @@ import json
 import os
 import sys
 import time
-
-# This folder's modules (workloads, report, ...) must never shadow a name vLLM imports.
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != HERE]
 
 
 def make_llm(spec: dict):

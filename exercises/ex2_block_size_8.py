@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from chapter_table import ROWS, STRATEGIES, chapter_rows
+from teaching.chapter_table import ROWS, STRATEGIES, chapter_rows
 from exercises.common import DEMO_MODEL, demo_prompt
 
 

@@ -4,23 +4,16 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 
 import pytest
 import torch
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-for _p in (ROOT, HERE):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
 
 # The models are tiny: with >1 intra-op thread on a small, shared box each
 # 64x64 matmul pays OpenMP sync costs (~ms instead of ~us).  One thread keeps
 # both the HF reference and the engine fast; it changes no numerics we rely on.
 torch.set_num_threads(1)
 
-import helpers  # noqa: E402
+import helpers
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from chapter_table import ROWS
+from teaching.chapter_table import ROWS
 
 
 def chapter_counts(text: str) -> dict[str, tuple[int, int]]:

@@ -13,8 +13,8 @@ import math
 import pytest
 import torch
 
-import attention
-from attention import (DECODE_CHUNK_TOKENS, AttentionMetadata, CausalPrefill, LayerKV,
+from internals import attention
+from internals.attention import (DECODE_CHUNK_TOKENS, AttentionMetadata, CausalPrefill, LayerKV,
                        PagedDecode, PagedPrefill, Scratch, SeqChunk, SharedPrefixDecode,
                        SharedPrefixPrefill, paged_attention)
 

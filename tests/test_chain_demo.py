@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import xxhash
 
-import chain_view
+from teaching import chain_view
 import run
 from engine import LLM
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from chapter_table import ROWS, RULE, STRATEGIES, chapter_rows
+from teaching.chapter_table import ROWS, RULE, STRATEGIES, chapter_rows
 from demo_output import squash
 from helpers import random_prompt
 

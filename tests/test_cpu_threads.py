@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from cpu_threads import CpuSample, ThreadPolicy, cores_used_by_others
+from internals.cpu_threads import CpuSample, ThreadPolicy, cores_used_by_others
 
 
 @pytest.fixture(autouse=True)

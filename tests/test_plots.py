@@ -2,7 +2,7 @@
 figures are written as PNG files."""
 from __future__ import annotations
 
-import demo_plots
+from teaching import demo_plots
 from run import RoundResult
 
 PNG = b"\x89PNG\r\n\x1a\n"

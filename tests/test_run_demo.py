@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import run
-from chapter_table import ROWS
+from teaching.chapter_table import ROWS
 from demo_output import chapter_counts, round_counts
 from engine import SamplingParams
 from helpers import make_llm, random_prompt

@@ -1,7 +1,7 @@
 """Do vLLM client scripts run here with only the import changed? And do they give vLLM's tokens?
 
-    python tools/check_vllm_compat.py                                   # this engine only
-    python tools/check_vllm_compat.py --vllm-python /opt/vllm-venv/bin/python
+    python -m tools.check_vllm_compat                                   # this engine only
+    python -m tools.check_vllm_compat --vllm-python /opt/vllm-venv/bin/python
 
 Builds a small random Qwen3 checkpoint (float32, a word-level tokenizer "w0".."w2047" with a
 chat template, a generation_config.json), then runs the same client snippets -- shaped like
@@ -91,7 +91,6 @@ def import_api(backend: str) -> SimpleNamespace:
         from vllm import LLM, EngineArgs, LLMEngine, SamplingParams
         from vllm.inputs import TextPrompt, TokensPrompt
     else:
-        sys.path.insert(0, ROOT)
         from engine import LLM, EngineArgs, LLMEngine, SamplingParams, TextPrompt, TokensPrompt
     return SimpleNamespace(LLM=LLM, SamplingParams=SamplingParams, LLMEngine=LLMEngine,
                            EngineArgs=EngineArgs, TokensPrompt=TokensPrompt, TextPrompt=TextPrompt)
@@ -300,8 +299,11 @@ def run_backend(python: str, backend: str, model: str, out: str, timeout: int) -
     if backend == "vllm":
         env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     started = time.perf_counter()
-    proc = subprocess.run([python, os.path.abspath(__file__), "--backend", backend, "--model", model,
-                           "--out", out], env=env, timeout=timeout, capture_output=True, text=True)
+    # Ours runs as a module from the repository root (so `engine` imports); vLLM's interpreter
+    # runs the file with -P, so nothing of this repository shadows vLLM's own imports.
+    entry = ["-m", "tools.check_vllm_compat"] if backend == "ours" else ["-P", os.path.abspath(__file__)]
+    proc = subprocess.run([python, *entry, "--backend", backend, "--model", model, "--out", out],
+                          env=env, cwd=ROOT, timeout=timeout, capture_output=True, text=True)
     if proc.returncode != 0 or not os.path.exists(out):
         raise RuntimeError(f"{backend} run failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     print(f"{backend}: snippets ran in {time.perf_counter() - started:.0f} s")

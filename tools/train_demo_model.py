@@ -2,7 +2,7 @@
 
 Usage (from the repository root, CPU only; under ten minutes on 2 idle cores):
 
-    python tools/train_demo_model.py --out demo_model
+    python -m tools.train_demo_model --out demo_model
 
 The script trains a byte-level BPE tokenizer and a tiny LlamaForCausalLM on
 passages of the Python language reference (tools/demo_corpus.py), until the
@@ -28,8 +28,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import demo_corpus  # noqa: E402  (lives next to this script)
+from tools import demo_corpus
 
 BOS, EOS = "<|bos|>", "<|eos|>"
 VOCAB_SIZE = 2048

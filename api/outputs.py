@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sampling_params import SamplingParams
+from api.sampling_params import SamplingParams
 
 
 class Logprob(float):

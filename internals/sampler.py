@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import xxhash
 
-from sampling_params import SamplingParams
+from api.sampling_params import SamplingParams
 
 UINT64_MASK = (1 << 64) - 1
 

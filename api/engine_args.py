@@ -20,6 +20,8 @@ import argparse
 import dataclasses
 from dataclasses import dataclass
 
+from api.config import EngineConfig
+
 ONE_DEVICE = "this engine runs in one process on one device"
 
 
@@ -155,7 +157,6 @@ class EngineArgs:
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        from engine import EngineConfig  # engine imports this module
         parser.add_argument("--model", required=True, help="local Hugging Face checkpoint dir")
         for name, spec in EngineConfig.__dataclass_fields__.items():
             if spec.default is dataclasses.MISSING:
@@ -169,7 +170,6 @@ class EngineArgs:
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "EngineArgs":
-        from engine import EngineConfig
         fields = EngineConfig.__dataclass_fields__
         return cls(args.model, **{k: v for k, v in vars(args).items()
                                   if k in fields and v != fields[k].default})

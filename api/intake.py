@@ -16,7 +16,7 @@ from typing import TypedDict
 import numpy as np
 import torch
 
-from sampling_params import SamplingParams
+from api.sampling_params import SamplingParams
 
 PROMPT_KEYS = {"prompt", "prompt_token_ids", "cache_salt", "multi_modal_data",
                "mm_processor_kwargs", "multi_modal_uuids"}

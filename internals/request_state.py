@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from outputs import (CompletionOutput, IncrementalDetokenizer, PositionLogprobs, RequestOutput,
+from api.outputs import (CompletionOutput, IncrementalDetokenizer, PositionLogprobs, RequestOutput,
                      TokenTexts, logprob_dict)
-from sampler import TokenLogprobs
-from sampling_params import RequestOutputKind, SamplingParams
+from internals.sampler import TokenLogprobs
+from api.sampling_params import RequestOutputKind, SamplingParams
 from scheduler import Sequence
 
 

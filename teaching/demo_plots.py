@@ -19,9 +19,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from block_manager import BlockManager  # noqa: E402
-from chapter_table import HashCost, HashMeter  # noqa: E402
+from teaching.chapter_table import HashCost, HashMeter  # noqa: E402
 from prefix_cache import PrefixCache  # noqa: E402
-from sampling_params import SamplingParams  # noqa: E402
+from api.sampling_params import SamplingParams  # noqa: E402
 from scheduler import Scheduler, SchedulerConfig, Sequence  # noqa: E402
 
 LENGTHS = (256, 512, 1024, 2048, 4096, 8192)

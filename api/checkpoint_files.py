@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from intake import TokensPrompt
+from api.intake import TokensPrompt
 
 
 def load_tokenizer(path: Path):

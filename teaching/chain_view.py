@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from chapter_table import RULE
+from teaching.chapter_table import RULE
 from engine import LLM, SamplingParams
 from prefix_cache import ChainEvent, HashSource
 
