@@ -36,6 +36,7 @@ from api.checkpoint_files import (
 from internals.cpu_threads import ThreadPolicy
 from api.config import EngineConfig
 from api.engine_args import EngineArgs, translate_engine_args
+from api.llm_extras import LLMExtras
 from api.intake import (
     ParamsContext,
     TextPrompt,
@@ -69,7 +70,7 @@ SAMPLING_DEFAULT_KEYS = ("repetition_penalty", "presence_penalty", "frequency_pe
                          "temperature", "top_k", "top_p", "min_p", "max_new_tokens")
 
 
-class LLM:
+class LLM(LLMExtras):
     """Offline inference on a local Hugging Face checkpoint: ``LLM(model_dir).generate(prompts)``."""
 
     def __init__(self, model: str | os.PathLike, **engine_args) -> None:
@@ -79,7 +80,7 @@ class LLM:
         # On CPU, compute with the cores other processes leave idle (see cpu_threads.py).
         self.thread_policy = (ThreadPolicy(max_threads=self.config.num_threads)
                               if self.device.type == "cpu" else None)
-        self.model, _ = load_model(model, self.config.dtype, self.device)
+        self.model, _ = load_model(model, self.config.dtype, self.device, self.config.fast_paths)
         self.model_config = self.model.config
         self.dtype = next(self.model.parameters()).dtype
         self.model_path = Path(model)

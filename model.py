@@ -317,7 +317,8 @@ class CausalLM(nn.Module):
 
 # ----------------------------------------------------------------------------- loading
 
-def load_model(path: str | Path, dtype: str | torch.dtype | None, device: torch.device):
+def load_model(path: str | Path, dtype: str | torch.dtype | None, device: torch.device,
+               fast_paths: bool = True):
     """Build the model from a local Hugging Face checkpoint directory."""
     from transformers import AutoConfig
 

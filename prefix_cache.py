@@ -22,9 +22,10 @@ from its parent block's hash. Everything else is identical, so the two strategie
 same admissions, waits, hits and evictions and produce the same tokens; only
 ``hash_computations`` differs.
 
-The scheduler calls ``_lookup_prefix_cache`` / ``mark_in_flight`` when it admits a sequence,
-``_do_prefill_step`` after each step, and ``release`` when a sequence leaves; the block
-manager calls ``_evict`` when it reuses a free block that still carries a hash.
+The scheduler calls the public seam -- ``lookup`` (the chapter's ``_lookup_prefix_cache``) and
+``mark_in_flight`` when it admits a sequence, ``cache_blocks`` (``_do_prefill_step``) after each
+step, ``release`` when a sequence leaves; the block manager calls ``_evict`` when it reuses a
+free block that still carries a hash.
 """
 from __future__ import annotations
 
@@ -94,6 +95,18 @@ class PrefixCache:
     @property
     def block_size(self) -> int:
         return self.block_manager.block_size
+
+    # ------------------------------------------------------------------ the public seam
+    # What the scheduler and the teaching tools call (vLLM-like names); each is one of the
+    # chapter's methods below, kept under the chapter's own name.
+
+    def lookup(self, seq: Sequence) -> PrefixMatch:
+        """The longest cached prefix of ``seq`` (vLLM: ``get_computed_blocks``)."""
+        return self._lookup_prefix_cache(seq)
+
+    def cache_blocks(self, seq: Sequence, start: int, end: int) -> list[tuple[int, Block]]:
+        """Register the blocks that tokens [start, end) completed (vLLM: ``cache_blocks``)."""
+        return self._do_prefill_step(seq, start, end)
 
     def root_hash(self, cache_salt: str | None) -> int:
         """The chain's seed: 0, or the salt's hash, so differently salted requests never share."""

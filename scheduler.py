@@ -196,7 +196,7 @@ class Scheduler:
         # A request that wants prompt logprobs needs every prompt position computed.
         reads_cache = (self.prefix_cache is not None
                        and not seq.sampling_params.skips_prefix_cache_reads)
-        match = self.prefix_cache._lookup_prefix_cache(seq) if reads_cache else None
+        match = self.prefix_cache.lookup(seq) if reads_cache else None
         if match is not None and match.next_in_flight:
             return False  # wait a step: the block is being written, then it is a hit
         cached = match.blocks if match else []
@@ -228,7 +228,7 @@ class Scheduler:
             seq.num_computed_tokens = end = start + chunk.num_tokens
             self.stats.prompt_tokens_computed += max(0, min(end, seq.num_prompt_tokens) - start)
             if self.prefix_cache is not None:
-                for index, twin in self.prefix_cache._do_prefill_step(seq, start, end):
+                for index, twin in self.prefix_cache.cache_blocks(seq, start, end):
                     self._switch_to_twin(seq, index, twin)
 
     def _switch_to_twin(self, seq: Sequence, index: int, twin: Block) -> None:
