@@ -1,10 +1,21 @@
 """Requests and their scheduling in step14_5: ``Sequence`` and the ``Scheduler``.
 
 A ``Sequence`` carries the chapter's state: ``_block_hashes`` (one chained hash per full
-block of its tokens, in order) and ``_prev_hash`` (the chain's last value), so the prefix
-cache never rebuilds the chain for a request it has seen. Each field has one writer: the
-engine appends tokens, the scheduler owns the block table, the computed count and the
-status, the prefix cache (prefix_cache.py) owns the chain.
+block of its tokens, in order) and ``_prev_hash`` (the chain's last value, derived), so the
+prefix cache never rebuilds the chain for a request it has seen. Every field has one writer:
+
+=================================================  ===========================================
+field                                              written by
+=================================================  ===========================================
+sampling_params, request_id, cache_salt,            the constructor (the engine's intake)
+_root_hash, num_prompt_tokens
+tokens, num_tokens (``append_token``)               the output processor, after sampling
+status, block_table, num_computed_tokens,           the scheduler (admit, commit, preempt,
+finish_reason                                       finish, abort)
+_block_hashes                                       the prefix cache (``_precompute_block_hashes``)
+=================================================  ===========================================
+
+Text, logprobs and timings are the engine's record of the request (internals/request_state.py).
 
 Each step the scheduler first gives every running sequence in decode its one token, then
 fills what is left of the token budget with prefill chunks (continuing ones first, then new
@@ -27,7 +38,6 @@ from api.sampling_params import SamplingParams
 
 # Token ids as fixed-width little-endian bytes: what is hashed, stable across processes.
 TOKEN_DTYPE = np.dtype("<i8")
-TOKEN_BYTES = TOKEN_DTYPE.itemsize
 
 
 class SequenceStatus(enum.Enum):
@@ -43,9 +53,8 @@ class Sequence:
 
     def __init__(self, token_ids, sampling_params: SamplingParams | None = None,
                  request_id: str | None = None, cache_salt: str | None = None,
-                 root_hash: int = 0, prompt_text: str | None = None) -> None:
+                 root_hash: int = 0) -> None:
         self.sampling_params = sampling_params or SamplingParams()
-        self.prompt_text = prompt_text  # set when the request came as a string
         self.request_id = request_id if request_id is not None else str(next(Sequence._next_id))
         self.cache_salt = cache_salt
         self._root_hash = root_hash  # the chain's seed (the salt's hash, from the prefix cache)
@@ -61,10 +70,6 @@ class Sequence:
         self.num_computed_tokens = 0  # tokens whose K/V are in the pool
         self._block_hashes: list[int] = []
         self.finish_reason: str | None = None
-        self.logprobs: list[dict[int, float]] | None = [] if self.sampling_params.logprobs is not None else None
-        self.arrival_time: float | None = None
-        self.first_token_time: float | None = None
-        self.finished_time: float | None = None
 
     @property
     def _prev_hash(self) -> int:

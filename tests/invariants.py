@@ -35,9 +35,13 @@ __all__ = ["check_accounting", "assert_idle", "FaultInjector", "FAULT_KINDS", "I
 
 
 def _registered_requests(llm) -> dict:
-    """The engine's request map (request id -> Sequence): the checker's one private reach,
-    since ``LLM`` has no public view of it (a leaked entry here is a leaked request)."""
-    return llm._requests
+    """The engine's request table (request id -> record); a leaked entry is a leaked request."""
+    return _engine(llm).output_processor.requests
+
+
+def _engine(llm):
+    """The ``LLMEngine`` behind an ``LLM`` (or the engine itself)."""
+    return getattr(llm, "llm_engine", llm)
 
 
 def _free_queue_members(fq, num_blocks: int) -> list:
@@ -100,13 +104,14 @@ def _check_queues(llm) -> tuple[list, list]:
     assert not run_ids & wait_ids, "a sequence is both running and waiting"
     assert len(running) <= sched.config.max_num_seqs, (
         f"{len(running)} running sequences > max_num_seqs {sched.config.max_num_seqs}")
-    queued = {s.request_id: s for s in running + waiting}
-    registered = _registered_requests(llm)
-    assert set(registered) == set(queued), (
-        f"engine request map {sorted(registered)} != queued/running {sorted(queued)}")
-    for rid, seq in registered.items():
-        assert seq is queued[rid], f"request {rid} maps to another Sequence object"
-        assert not seq.is_finished, f"request {rid} is finished but still registered"
+    queued = {id(s) for s in running + waiting}
+    registered = [seq_state.seq for state in _registered_requests(llm).values()
+                  for seq_state in state.sequences if not seq_state.seq.is_finished]
+    assert {id(s) for s in registered} == queued, (
+        f"engine request table {sorted(s.request_id for s in registered)} != queued/running "
+        f"{sorted(s.request_id for s in running + waiting)}")
+    for state in _registered_requests(llm).values():
+        assert not state.finished, f"request {state.request_id} is finished but still registered"
     return running, waiting
 
 
@@ -269,7 +274,8 @@ class FaultInjector:
         self.armed: str | None = None
         self.skip = 0
         self.fired = 0
-        forward, sampler = llm.model.forward, llm.sampler
+        runner = _engine(llm).model_runner
+        forward, sampler = llm.model.forward, runner.sampler
 
         def faulty_forward(*args, **kwargs):
             fire = self._should_fire(("forward_before", "forward_after"))
@@ -288,7 +294,7 @@ class FaultInjector:
             return out
 
         llm.model.forward = faulty_forward
-        llm.sampler = faulty_sampler
+        runner.sampler = faulty_sampler
 
     def arm(self, kind: str, skip: int = 0) -> None:
         assert kind in FAULT_KINDS, kind

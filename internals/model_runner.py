@@ -1,0 +1,100 @@
+"""One forward for a step: pack the scheduled chunks, run the model once, sample.
+
+Logits are computed only where they are needed: each sampled sequence's last position, and
+the prompt positions of requests that asked for prompt logprobs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from model import SeqChunk
+from internals.request_state import RequestState
+from internals.sampler import Sampler, SamplerOutput, TokenLogprobs, prompt_logprobs
+from scheduler import ScheduledChunk, Sequence
+
+
+@dataclass
+class StepResult:
+    """What one forward produced: a token for each sequence it completed, and prompt logprobs."""
+
+    sampled: list[Sequence]
+    sample: SamplerOutput
+    prompt_rows: list[tuple[RequestState, list[TokenLogprobs]]]
+
+
+@dataclass
+class LogitsPlan:
+    """Which packed positions need logits, and which of those rows are sampled."""
+
+    logits_index: list[int]
+    sample_rows: list[int]
+    prompt_rows: list[tuple[RequestState, int, range]]  # (request, first logits row, positions)
+
+    @property
+    def samples_every_row(self) -> bool:
+        """Every logits row is sampled, in order: the sampler takes the logits without a copy."""
+        return len(self.sample_rows) == len(self.logits_index)
+
+    @classmethod
+    def build(cls, chunks: list[ScheduledChunk], request_of) -> "LogitsPlan":
+        plan, offset = cls([], [], []), 0
+        for chunk in chunks:
+            seq, start = chunk.seq, chunk.seq.num_computed_tokens
+            request = request_of(seq)
+            positions = _prompt_positions(request, seq, start, start + chunk.num_tokens)
+            if positions:
+                plan.prompt_rows.append((request, len(plan.logits_index), positions))
+                plan.logits_index += [offset + p - start for p in positions]
+            if chunk.completes_sequence:
+                plan.sample_rows.append(len(plan.logits_index))
+                plan.logits_index.append(offset + chunk.num_tokens - 1)
+            offset += chunk.num_tokens
+        return plan
+
+
+def _prompt_positions(state: RequestState, seq: Sequence, start: int, end: int) -> range:
+    """Positions p in [start, end) whose logits score prompt token p + 1 and are still missing
+    (only the request's first sequence computes them, once, even if it is preempted)."""
+    if state.params.prompt_logprobs is None or seq is not state.sequences[0].seq:
+        return range(0)
+    first_missing = max(state.prompt_logprobs_done, 1) - 1
+    return range(max(start, first_missing), min(end, seq.num_prompt_tokens - 1))
+
+
+class ModelRunner:
+    """Runs the model on the KV pool and samples; changes no sequence (the engine commits)."""
+
+    def __init__(self, model, kv_cache, block_size: int, sampler: Sampler,
+                 device: torch.device) -> None:
+        self.model, self.kv_cache, self.block_size = model, kv_cache, block_size
+        self.sampler, self.device = sampler, device
+
+    def run(self, chunks: list[ScheduledChunk], request_of) -> StepResult:
+        plan = LogitsPlan.build(chunks, request_of)
+        logits = self._forward(chunks, plan.logits_index)
+        sampled = [c.seq for c in chunks if c.completes_sequence]
+        sample = self.sampler(logits if plan.samples_every_row else logits[plan.sample_rows],
+                              sampled)
+        return StepResult(sampled, sample, self._prompt_logprobs(logits, plan))
+
+    def _forward(self, chunks: list[ScheduledChunk], logits_index: list[int]) -> torch.Tensor:
+        seq_chunks = [SeqChunk(c.seq.num_computed_tokens, c.num_tokens, c.seq.block_table)
+                      for c in chunks]
+        input_ids = np.concatenate([c.seq.tokens[s.start:s.start + s.length]
+                                    for c, s in zip(chunks, seq_chunks)])
+        meta = self.model.prepare(seq_chunks, self.block_size)
+        return self.model(torch.from_numpy(input_ids).to(self.device), meta, self.kv_cache,
+                          torch.tensor(logits_index, dtype=torch.long, device=self.device))
+
+    @staticmethod
+    def _prompt_logprobs(logits: torch.Tensor, plan: LogitsPlan) -> list:
+        rows = []
+        for state, first_row, positions in plan.prompt_rows:
+            seq = state.sequences[0].seq
+            targets = seq.tokens[positions.start + 1:positions.stop + 1]
+            part = logits[first_row:first_row + len(positions)]
+            rows.append((state, prompt_logprobs(part, targets, state.params.prompt_logprobs)))
+        return rows

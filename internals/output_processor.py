@@ -1,0 +1,154 @@
+"""The engine's request table and the bookkeeping after each forward: append the sampled
+tokens, detokenize, decide which sequences finish, and hand outputs to whoever waits for them.
+
+The one home of finishing and outputs: ``finish_reason`` is set through the scheduler (which
+frees the blocks), timings and logprobs live on the records (request_state.py), and every
+output goes to its request's ``OutputSink``.
+"""
+from __future__ import annotations
+
+import time
+import warnings
+
+from api.outputs import TokenTexts
+from api.sampling_params import RequestOutputKind
+from internals.model_runner import StepResult
+from internals.request_state import RequestState, SequenceState
+from scheduler import ScheduledChunk, Scheduler, Sequence
+
+NO_TEXTS = TokenTexts(None)  # decoded_token is None where detokenize=False
+
+
+class OutputProcessor:
+    def __init__(self, scheduler: Scheduler, tokenizer, eos_token_ids: set[int],
+                 max_model_len: int) -> None:
+        self.scheduler = scheduler
+        self.eos_token_ids = eos_token_ids
+        self.max_model_len = max_model_len
+        self.token_texts = TokenTexts(tokenizer)
+        self.requests: dict[str, RequestState] = {}           # request id -> its record
+        self.seq_states: dict[Sequence, SequenceState] = {}
+        self.generation_tokens = 0
+
+    # ------------------------------------------------------------------ the table
+
+    def add(self, state: RequestState) -> None:
+        state.arrival_time = time.perf_counter()
+        self.requests[state.request_id] = state
+        for seq_state in state.sequences:
+            self.seq_states[seq_state.seq] = seq_state
+            self.scheduler.add(seq_state.seq)
+
+    def abort(self, request_id: str) -> bool:
+        """Cancel every sequence of a request; a generate() call waiting for it gets the
+        aborted output (so it never waits forever). False if unknown or already finished."""
+        state = self.requests.get(request_id)
+        if state is None:
+            return False
+        for seq_state in state.sequences:
+            if not seq_state.seq.is_finished:
+                self.scheduler.abort(seq_state.seq)
+                seq_state.finished_time = time.perf_counter()
+        self._retire(state)
+        if state.sink.takes_aborted:
+            state.sink.put(state.output())
+        return True
+
+    def request_of(self, seq: Sequence) -> RequestState:
+        return self.seq_states[seq].request
+
+    def _retire(self, state: RequestState) -> None:
+        del self.requests[state.request_id]
+        for seq_state in state.sequences:
+            self.seq_states.pop(seq_state.seq, None)
+
+    # ------------------------------------------------------------------ after a forward
+
+    def note_cached_tokens(self, chunks: list[ScheduledChunk]) -> None:
+        """A sequence's first chunk starts after its cached prefix: vLLM's num_cached_tokens."""
+        for chunk in chunks:
+            state = self.seq_states[chunk.seq]
+            if state.num_cached_tokens is None:
+                state.num_cached_tokens = min(chunk.seq.num_computed_tokens,
+                                              chunk.seq.num_prompt_tokens)
+
+    def process(self, result: StepResult) -> None:
+        """Store prompt logprobs, append the sampled tokens, emit outputs to their sinks."""
+        failed = self._store_prompt_logprobs(result.prompt_rows)
+        touched = self._append_tokens(result)
+        for state in dict.fromkeys(failed + touched):
+            self._emit(state)
+
+    def _store_prompt_logprobs(self, prompt_rows: list) -> list[RequestState]:
+        failed = []
+        for state, rows in prompt_rows:
+            texts = self.token_texts if state.params.detokenize else NO_TEXTS
+            if not self._guarded(state.sequences[0], lambda: state.add_prompt_logprobs(rows, texts)):
+                failed.append(state)
+        return failed
+
+    def _append_tokens(self, result: StepResult) -> list[RequestState]:
+        touched, now, sample = [], time.perf_counter(), result.sample
+        for row, (seq, token) in enumerate(zip(result.sampled, sample.token_ids)):
+            if seq.is_finished:
+                continue  # it failed while its prompt logprobs were stored
+            seq.append_token(token)
+            self.generation_tokens += 1
+            seq_state = self.seq_states[seq]
+            if seq_state.first_token_time is None:
+                seq_state.first_token_time = now
+            logprobs = sample.logprobs[row] if sample.logprobs is not None else None
+            self._guarded(seq_state, lambda: self._after_token(seq_state, token, logprobs))
+            touched.append(seq_state.request)
+        return touched
+
+    def _after_token(self, seq_state: SequenceState, token: int, logprobs) -> None:
+        texts = self.token_texts if seq_state.seq.sampling_params.detokenize else NO_TEXTS
+        seq_state.record_logprobs(logprobs, texts)
+        reason = self._finish_reason(seq_state, token)
+        if reason is not None:
+            self._finish(seq_state, reason)
+
+    def _guarded(self, seq_state: SequenceState, action) -> bool:
+        """Run ``action`` for one sequence; if it raises (a tokenizer error), that sequence
+        alone finishes with finish_reason "error" and the rest of the batch goes on."""
+        try:
+            action()
+            return True
+        except Exception as exc:  # noqa: BLE001 -- any failure here is this request's alone
+            warnings.warn(f"could not decode output tokens of request {seq_state.seq.request_id}: "
+                          f"{exc!r}; it finishes with finish_reason 'error' and no text")
+            seq_state.detokenizer = None
+            if not seq_state.seq.is_finished:
+                self._finish(seq_state, "error")
+            return False
+
+    def _finish_reason(self, seq_state: SequenceState, token: int) -> str | None:
+        """vLLM's order: EOS, a stop token id, a stop string, then the length limits."""
+        seq, params = seq_state.seq, seq_state.seq.sampling_params
+        may_stop = seq.num_output_tokens > params.min_tokens
+        is_eos = not params.ignore_eos and token in self.eos_token_ids
+        stop_token = may_stop and (is_eos or token in params.stop_token_ids)
+        detok = seq_state.detokenizer
+        stop_string = detok.update(token, stop_token) if detok is not None else None
+        if stop_token:
+            seq_state.stop_reason = None if is_eos else token
+            return "stop"
+        if stop_string is not None:
+            seq_state.stop_reason = stop_string
+            return "stop"
+        if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
+    def _finish(self, seq_state: SequenceState, reason: str) -> None:
+        self.scheduler.finish(seq_state.seq, reason)
+        seq_state.finished_time = time.perf_counter()
+
+    def _emit(self, state: RequestState) -> None:
+        """An output per the request's kind: every step (CUMULATIVE, DELTA) or at the end."""
+        if state.finished:
+            self._retire(state)
+        elif state.output_kind is RequestOutputKind.FINAL_ONLY:
+            return
+        state.sink.put(state.output())
