@@ -1,27 +1,31 @@
 """The decoder of step14_5, run on the paged KV pool: Llama, Qwen2, Qwen3 and Mistral.
 
 One forward takes a packed batch: the prefill chunks and decode tokens of many sequences,
-back to back, with their positions and block tables (``AttentionMetadata``). Each layer
-writes the new tokens' K/V into their slots of the pool and attends over each sequence's
-whole context through its block table (``attention.py``: how, by the kind of work). Pure
-PyTorch, so the same code runs on CPU and CUDA; on CPU in float32 the linear layers run from
-oneDNN-packed weights.
+back to back, described by ``AttentionMetadata`` (positions, the slot each new token's K/V
+goes to, each sequence's block table). Each layer writes the new tokens' K/V into their
+slots of the pool, gathers each sequence's blocks back and attends over them with one SDPA
+call: ``paged_attention`` below is the whole of it, and the spec.
 
-Reading order: config -> RoPE -> layers -> model -> checkpoint loading.
+With ``fast_paths`` (the default) the same forward runs faster machinery a reader can skip:
+attention kinds chosen per step (``internals/attention.py``) and oneDNN-packed linear layers
+on CPU (``internals/fast_linear.py``). Both are tested equal to the plain path here.
+
+Reading order: config -> RoPE -> norm -> paged attention -> MLP -> layer -> model -> loading.
 """
 from __future__ import annotations
 
-import functools
 import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from internals.attention import AttentionMetadata, LayerKV, Scratch, SeqChunk, paged_attention
+from internals import fast_linear
+from internals.attention import FastAttention, FastPlan, SeqChunk
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                            "MistralForCausalLM")
@@ -159,28 +163,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return out
 
 
-# ----------------------------------------------------------------------------- layers
-
-class Linear(nn.Linear):
-    """nn.Linear that, on CPU in float32, runs from a oneDNN-packed copy of its weight.
-
-    Measured on the bench model, one thread: 1.3-2.2x faster than MKL's sgemm at decode
-    batch sizes (the lm_head at batch 16: 6.7 ms instead of 14.7) and 1.1x at prefill. The
-    ops are the ones torch.compile's CPU backend emits (torch.ops.mkldnn); where they are
-    missing, ``pack_for_onednn`` is never called and this is plain nn.Linear. The packed copy
-    costs a second copy of the weights in RAM (the dense one stays the parameter).
-    """
-
-    packed: torch.Tensor | None = None  # set by pack_for_onednn; weight edits after it are not seen
-
-    def pack_for_onednn(self) -> None:
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is None:
-            return F.linear(x, self.weight, self.bias)
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
-
+# ----------------------------------------------------------------------------- norm
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
@@ -193,8 +176,85 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
-ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu,
-               "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
+# ----------------------------------------------------------------------------- paged attention
+
+@dataclass
+class AttentionMetadata:
+    """One packed batch as every layer needs it; built once per step by ``CausalLM.prepare``.
+
+    B sequences contribute chunks of up to Lq tokens; the packed batch holds them back to back.
+    For the padded [B, Lq] query grid, padding repeats a sequence's last token (finite output,
+    then dropped by ``is_query``)."""
+
+    positions: torch.Tensor        # [T] absolute position of each packed token
+    slot_mapping: torch.Tensor     # [T] pool slot that receives each packed token's K/V
+    block_tables: torch.Tensor     # [B, blocks] each sequence's blocks in order, zero-padded
+    query_index: torch.Tensor      # [B, Lq] packed token in each query slot
+    query_positions: torch.Tensor  # [B, Lq] its absolute position
+    is_query: torch.Tensor         # [B, Lq] bool: a real token, not padding
+    block_size: int
+    fast: FastPlan | None = None   # the fast attention kinds' plan, when fast paths are on
+
+    @classmethod
+    def build(cls, chunks: list[SeqChunk], block_size: int, device: torch.device) -> AttentionMetadata:
+        lengths = np.array([c.length for c in chunks], dtype=np.int64)
+        starts = np.array([c.start for c in chunks], dtype=np.int64)
+        tables = block_tables(chunks, starts + lengths, block_size)
+        first = np.cumsum(lengths) - lengths  # each chunk's first packed token
+        seq = np.repeat(np.arange(len(chunks)), lengths)
+        positions = np.arange(lengths.sum()) - first[seq] + starts[seq]
+        slots = tables[seq, positions // block_size] * block_size + positions % block_size
+        step = np.arange(lengths.max())[None, :]
+        offset = np.minimum(step, lengths[:, None] - 1)  # padding repeats the last token
+        as_tensor = lambda a: torch.from_numpy(a).to(device)  # noqa: E731
+        return cls(as_tensor(positions), as_tensor(slots), as_tensor(tables),
+                   as_tensor(first[:, None] + offset), as_tensor(starts[:, None] + offset),
+                   as_tensor(step < lengths[:, None]), block_size)
+
+
+def block_tables(chunks: list[SeqChunk], context_lengths: np.ndarray, block_size: int) -> np.ndarray:
+    """[B, blocks]: the blocks holding each sequence's context so far, zero-padded (padding
+    lies past the context, so the causal mask hides it)."""
+    needed = -(-context_lengths // block_size)
+    tables = np.zeros((len(chunks), int(needed.max())), dtype=np.int64)
+    for row, (chunk, n) in enumerate(zip(chunks, needed)):
+        tables[row, :n] = chunk.block_table[:n]
+    return tables
+
+
+def write_kv(pool_k: torch.Tensor, pool_v: torch.Tensor, slots: torch.Tensor, k: torch.Tensor,
+             v: torch.Tensor) -> None:
+    """Store the new tokens' K/V ([T, KVH, D]) in their slots of one layer's pool
+    ([KVH, num_blocks * block_size, D], head-major: see KVCachePool)."""
+    pool_k.index_copy_(1, slots, k.transpose(0, 1))
+    pool_v.index_copy_(1, slots, v.transpose(0, 1))
+
+
+def gather_blocks(pool: torch.Tensor, tables: torch.Tensor, block_size: int) -> torch.Tensor:
+    """[B, KVH, blocks * block_size, D]: each sequence's blocks read back in table order, so
+    key j of a row is the token at position j of that sequence."""
+    heads, _, dim = pool.shape
+    blocks = pool.view(heads, -1, block_size, dim)[:, tables]  # [KVH, B, blocks, block_size, D]
+    return blocks.flatten(2, 3).transpose(0, 1)
+
+
+def paged_attention(q: torch.Tensor, pool_k: torch.Tensor, pool_v: torch.Tensor,
+                    meta: AttentionMetadata, window: int | None) -> torch.Tensor:
+    """q: [T, H, D] -> [T, H, D]. Every query attends over its sequence's context in the pool
+    (its own new K/V already written there): causal by absolute position, limited to the
+    last ``window`` positions where the layer has a sliding window. Grouped-query heads pair
+    query head h with KV head h // (H / KVH), as HF's repeat_kv does."""
+    queries = q[meta.query_index].transpose(1, 2)  # [B, H, Lq, D]
+    keys = gather_blocks(pool_k, meta.block_tables, meta.block_size)
+    values = gather_blocks(pool_v, meta.block_tables, meta.block_size)
+    key_pos = torch.arange(keys.shape[2], device=q.device)
+    query_pos = meta.query_positions[..., None]
+    visible = key_pos <= query_pos  # [B, Lq, keys]
+    if window is not None:
+        visible &= key_pos > query_pos - window
+    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=visible[:, None],
+                                         enable_gqa=True)
+    return out.transpose(1, 2)[meta.is_query]  # chunks are packed in order: no scatter
 
 
 class Attention(nn.Module):
@@ -204,12 +264,12 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.split = (q_size, kv_size, kv_size)
-        self.qkv_proj = Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.qkv_bias)
-        self.o_proj = Linear(q_size, cfg.hidden_size, bias=cfg.o_bias)
+        self.qkv_proj = nn.Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=cfg.o_bias)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
 
-    def forward(self, x, meta: AttentionMetadata, cache: LayerKV, rope):
+    def forward(self, x, meta: AttentionMetadata, pool_k, pool_v, rope):
         q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
@@ -217,53 +277,36 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        cache.write(meta.slot_mapping, k, v)
-        out = paged_attention(q, k, v, cache, meta, self.window)
+        write_kv(pool_k, pool_v, meta.slot_mapping, k, v)
+        if meta.fast is not None:
+            out = meta.fast.attend(q, k, v, pool_k, pool_v, self.window)
+        else:
+            out = paged_attention(q, pool_k, pool_v, meta, self.window)
         return self.o_proj(out.flatten(1))
 
 
-class GateUpProj(Linear):
-    """gate_proj and up_proj as one [2 x intermediate, hidden] weight; returns act(gate) * up.
+# ----------------------------------------------------------------------------- MLP, layer, model
 
-    Packed for oneDNN with SiLU, the halves are two GEMMs whose epilogues apply SiLU and the
-    product: no extra passes over the [tokens, 2 x intermediate] activations (measured: 8%
-    of a 2048-token prefill on the bench model, one thread).
-    """
-
-    halves: tuple | None = None  # ((gate weight, bias), (up weight, bias)) packed for oneDNN
-
-    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool, act: str) -> None:
-        super().__init__(hidden_size, 2 * intermediate_size, bias=bias)
-        if act not in ACTIVATIONS:
-            raise ValueError(f"unsupported hidden_act {act!r}; supported: {', '.join(ACTIVATIONS)}")
-        self.act = act
-
-    def pack_for_onednn(self) -> None:
-        if self.act != "silu":  # oneDNN's epilogue names differ per GELU flavour: keep it simple
-            return super().pack_for_onednn()
-        weights = self.weight.detach().chunk(2)
-        biases = self.bias.detach().chunk(2) if self.bias is not None else (None, None)
-        self.halves = tuple((torch.ops.mkldnn._reorder_linear_weight(w), b)
-                            for w, b in zip(weights, biases))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.halves is not None:
-            (gate_w, gate_b), (up_w, up_b) = self.halves
-            gate = torch.ops.mkldnn._linear_pointwise(x, gate_w, gate_b, "swish", [], "")
-            return torch.ops.mkldnn._linear_pointwise.binary(x, gate, up_w, up_b, "mul")
-        gate, up = super().forward(x).chunk(2, dim=-1)
-        return ACTIVATIONS[self.act](gate).mul_(up)  # act() returns a fresh tensor: mul in place
+ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu,
+               "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
 
 
 class MLP(nn.Module):
+    """down(act(gate(x)) * up(x)), with gate and up as one [2 x intermediate, hidden] weight."""
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.gate_up_proj = GateUpProj(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias,
-                                       cfg.hidden_act)
-        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        if cfg.hidden_act not in ACTIVATIONS:
+            raise ValueError(f"unsupported hidden_act {cfg.hidden_act!r}; "
+                             f"supported: {', '.join(ACTIVATIONS)}")
+        self.hidden_act = cfg.hidden_act
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.gate_up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        # act() returns a fresh tensor: multiply in place, no second activation-sized buffer.
+        return self.down_proj(ACTIVATIONS[self.hidden_act](gate).mul_(up))
 
 
 class DecoderLayer(nn.Module):
@@ -274,8 +317,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, meta, cache: LayerKV, rope):
-        x = x + self.self_attn(self.input_layernorm(x), meta, cache, rope)
+    def forward(self, x, meta, pool_k, pool_v, rope):
+        x = x + self.self_attn(self.input_layernorm(x), meta, pool_k, pool_v, rope)
         return x.add_(self.mlp(self.post_attention_layernorm(x)))
 
 
@@ -289,29 +332,26 @@ class CausalLM(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        self.scratch = Scratch()
+        self.fast_attention: FastAttention | None = None  # set by load_model(fast_paths=True)
 
     def prepare(self, chunks: list[SeqChunk], block_size: int) -> AttentionMetadata:
-        """Attention metadata for one packed batch, in this model's dtype and head layout."""
-        cfg = self.config
-        return AttentionMetadata.build(chunks, block_size, set(cfg.layer_windows),
-                                       cfg.num_heads // cfg.num_kv_heads, self.embed_tokens.weight.dtype,
-                                       self.embed_tokens.weight.device)
-
-    def layer_kv(self, kv, layer: int) -> LayerKV:
-        """Layer ``layer`` of the engine's KV pool (``KVCachePool``, head-major)."""
-        return LayerKV(kv.k[layer], kv.v[layer], kv.block_size, self.scratch)
+        """Attention metadata for one packed batch (and the fast kinds' plan, when on)."""
+        meta = AttentionMetadata.build(chunks, block_size, self.embed_tokens.weight.device)
+        if self.fast_attention is not None:
+            meta.fast = self.fast_attention.plan(chunks, block_size)
+        return meta
 
     @torch.inference_mode()
     def forward(self, input_ids, meta: AttentionMetadata, kv, logits_index) -> torch.Tensor:
-        """Returns float32 logits for the packed tokens at ``logits_index``."""
+        """Float32 logits of the packed tokens at ``logits_index``; ``kv`` is the engine's
+        KVCachePool (block_manager.py), one [KVH, slots, D] K and V pool per layer."""
         x = self.embed_tokens(input_ids)
         rope = self.rope.lookup(meta.positions, x.dtype)
         for i, layer in enumerate(self.layers):
-            x = layer(x, meta, self.layer_kv(kv, i), rope)
+            x = layer(x, meta, kv.k[i], kv.v[i], rope)
         return self.lm_head(self.norm(x[logits_index])).float()
 
 
@@ -319,7 +359,8 @@ class CausalLM(nn.Module):
 
 def load_model(path: str | Path, dtype: str | torch.dtype | None, device: torch.device,
                fast_paths: bool = True):
-    """Build the model from a local Hugging Face checkpoint directory."""
+    """Build the model from a local Hugging Face checkpoint directory; returns (model, HF config).
+    ``fast_paths=False`` keeps the plain attention and plain linear layers of this file."""
     from transformers import AutoConfig
 
     path = _checkpoint_dir(path)
@@ -334,26 +375,19 @@ def load_model(path: str | Path, dtype: str | torch.dtype | None, device: torch.
     # Buffers (RoPE tables) were on meta: rebuild them for real, kept in float32.
     model.rope = RotaryEmbedding(cfg.head_dim, cfg.rope_parameters, cfg.max_position_embeddings).to(device)
     _load_weights(model, path, torch_dtype)
-    if onednn_linears_usable(device, torch_dtype):
-        for module in model.modules():
-            if isinstance(module, Linear):
-                module.pack_for_onednn()
+    if fast_paths:
+        use_fast_paths(model, torch_dtype, device)
     return model.eval(), hf_config
 
 
-@functools.cache
-def onednn_linears_usable(device: torch.device, dtype: torch.dtype) -> bool:
-    """oneDNN-packed linears: CPU, float32 (bfloat16 is fast only on CPUs with native support),
-    and a torch build that has the ops and gets a small product right with them."""
-    if device.type != "cpu" or dtype != torch.float32 or not torch.backends.mkldnn.is_available():
-        return False
-    try:
-        weight, x = torch.linspace(-1, 1, 32).view(4, 8), torch.linspace(0, 1, 16).view(2, 8)
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight)
-        got = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
-        return torch.allclose(got, F.linear(x, weight), atol=1e-5)
-    except (AttributeError, RuntimeError):
-        return False
+def use_fast_paths(model: CausalLM, dtype: torch.dtype, device: torch.device) -> None:
+    """Switch on the machinery of internals/: attention kinds, and oneDNN-packed linear
+    layers where this torch and device run them right (CPU, float32)."""
+    cfg = model.config
+    model.fast_attention = FastAttention(set(cfg.layer_windows), cfg.num_heads // cfg.num_kv_heads,
+                                         dtype, device)
+    if fast_linear.onednn_linears_usable(device, dtype):
+        fast_linear.pack_linears(model)
 
 
 def _checkpoint_dir(path) -> Path:
@@ -398,21 +432,32 @@ _FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_
 
 
 def _load_weights(model: CausalLM, path: Path, dtype: torch.dtype) -> None:
-    from safetensors import safe_open
-
     params = dict(model.named_parameters(remove_duplicate=False))
     loaded: set[tuple[str, int | None]] = set()
     for file in safetensors_files(path):
-        with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():
-                part = _copy_weight(model, params, name, f.get_tensor(name), dtype)
-                if part:
-                    loaded.add(part)
+        loaded |= _load_file(model, params, file, dtype)
     if model.config.tie_word_embeddings:
         loaded.add(("lm_head.weight", None))
     missing = [name for name, part in _expected_parts(params) if (name, part) not in loaded]
     if missing:
         raise ValueError(f"checkpoint {path} lacks weights for: {', '.join(sorted(set(missing))[:8])}")
+
+
+def _load_file(model: CausalLM, params: dict, file: Path, dtype: torch.dtype) -> set:
+    """Copy one safetensors file into the parameters; returns the parts it filled. A damaged
+    file's error names the file (the library's own message does not)."""
+    from safetensors import SafetensorError, safe_open
+
+    loaded = set()
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                part = _copy_weight(model, params, name, f.get_tensor(name), dtype)
+                if part:
+                    loaded.add(part)
+    except SafetensorError as err:
+        raise ValueError(f"cannot read checkpoint file {file}: {err}") from err
+    return loaded
 
 
 def _expected_parts(params: dict):

@@ -1,14 +1,15 @@
-"""Attention over the paged KV pool, for step14_5's decoder (``model.py``).
+"""Fast attention over the paged KV pool: a fast path of model.py a reader can skip.
 
-Each layer writes its new tokens' K/V into their slots of the pool, then every token attends
-over its sequence's whole context through the sequence's block table. How depends on the kind
-of work in the step: this file holds the pool as layers read it (``LayerKV``), the attention
-kinds (each a small dataclass with ``attend()``), and ``AttentionMetadata``, built once per
-step, which sorts the packed tokens into kinds. Pure PyTorch: the same code runs on CPU and
-CUDA; on CPU two kinds use the flash kernel's log-sum-exp to merge attention over a shared
-prefix with the rest of each context.
+model.py's ``paged_attention`` is the spec: gather each sequence's blocks, one SDPA call over
+the padded batch. This file computes the same thing faster by sorting each step's tokens into
+kinds of work, each with its own cheaper shape (``FastAttention.plan``): prompt chunks from
+position 0 need no pool read, decode tokens batch into equal-length key chunks, and chunks or
+decode steps after the same leading blocks attend those blocks once for all. Every kind is
+tested equal to the plain path (tests/test_attention_kinds.py). Pure PyTorch: the same code
+runs on CPU and CUDA; on CPU two kinds use the flash kernel's log-sum-exp to merge attention
+over a shared prefix with the rest of each context.
 
-Reading order: the pool as layers read it -> attention kinds -> metadata.
+Reading order: the pool as the kinds read it -> attention kinds -> the planner.
 """
 from __future__ import annotations
 
@@ -21,6 +22,16 @@ import torch.nn.functional as F
 
 
 # ----------------------------------------------------------------------------- KV pool as layers read it
+
+@dataclass
+class SeqChunk:
+    """What one sequence contributes to a forward: positions [start, start + length) of the
+    sequence whose blocks, in order, are ``block_table``."""
+
+    start: int
+    length: int
+    block_table: list[int]
+
 
 class Scratch:
     """Buffers reused by every layer and step. On CPU a fresh multi-MB tensor per pool read
@@ -59,11 +70,6 @@ class LayerKV:
     block_size: int
     scratch: Scratch
 
-    def write(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store this step's K/V ([tokens, KVH, D]) in their slots."""
-        self.k.index_copy_(1, slots, k.transpose(0, 1))
-        self.v.index_copy_(1, slots, v.transpose(0, 1))
-
     def read_blocks(self, block_ids: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of ``block_ids`` in order, as [KVH, len(block_ids) * block_size, D] each,
         copied into the scratch buffers called ``name`` (valid until the next read by that name)."""
@@ -72,7 +78,7 @@ class LayerKV:
     def read(self, pool: torch.Tensor, block_ids: torch.Tensor, name: str) -> torch.Tensor:
         heads, dim = pool.shape[0], pool.shape[2]
         # One row per (head, block): a gather along dim 0 runs on every thread, one along
-        # dim 1 on one (measured 1.8x faster with two threads, the same with one).
+        # dim 1 on one.
         rows = pool.view(-1, self.block_size * dim)
         ids = (self.scratch.head_offsets(heads, rows.shape[0] // heads, pool.device)
                + block_ids).view(-1)
@@ -82,7 +88,7 @@ class LayerKV:
 
 # ----------------------------------------------------------------------------- attention kinds
 #
-# Each step's tokens fall into these kinds of attention, chosen by AttentionMetadata.build:
+# Each step's tokens fall into these kinds of attention, chosen by FastAttention.plan:
 #   CausalPrefill       a prompt chunk from position 0: attends only to its own fresh K/V
 #   PagedDecode         single-token queries over their paged context, in equal-length chunks
 #   SharedPrefixDecode  the same, when every sequence holds the same leading blocks
@@ -94,7 +100,7 @@ class LayerKV:
 # attention pairs query head h with KV head h // (heads // KVH), as HF's repeat_kv does.
 
 # Keys per decode chunk: few enough that padding each sequence's last chunk costs little,
-# enough that the batched matmuls are not all overhead (measured best of 16-256 tokens).
+# enough that the batched matmuls are not all overhead (chosen by timing 16 to 256).
 DECODE_CHUNK_TOKENS = 64
 
 
@@ -326,23 +332,40 @@ class SharedPrefixPrefill:
         own.scatter(out, merge_two(own_out, own_lse, shared_out, shared_lse))
 
 
-def paged_attention(q, k, v, cache: LayerKV, meta: "AttentionMetadata", window: int | None):
-    """q: [T, H, D]; k, v: this step's [T, KVH, D], already written into the pool."""
-    out = torch.empty_like(q)
-    for part in meta.parts:
-        part.attend(q, k, v, cache, window, out)
-    return out
+# ----------------------------------------------------------------------------- the planner
 
+class FastAttention:
+    """Plans each step's attention kinds for one model (its sliding windows, query heads per
+    KV head, dtype and device); the plans share one set of scratch buffers."""
 
-# ----------------------------------------------------------------------------- attention metadata
+    def __init__(self, windows: set, queries_per_kv: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        self.windows, self.queries_per_kv = windows, queries_per_kv
+        self.dtype, self.device = dtype, device
+        self.scratch = Scratch()
+
+    def plan(self, chunks: list[SeqChunk], block_size: int) -> FastPlan:
+        batch = PackedBatch.build(chunks, block_size, self.windows, self.queries_per_kv,
+                                  self.dtype, self.device)
+        return FastPlan(_attention_parts(batch), block_size, self.scratch)
+
 
 @dataclass
-class SeqChunk:
-    """What one sequence contributes to a forward: positions [start, start + length)."""
+class FastPlan:
+    """One step's attention kinds; every layer runs them on its own pool."""
 
-    start: int
-    length: int
-    block_table: list[int]
+    parts: list  # CausalPrefill | PagedDecode | SharedPrefixDecode | PagedPrefill | SharedPrefixPrefill
+    block_size: int
+    scratch: Scratch
+
+    def attend(self, q, k, v, pool_k, pool_v, window: int | None) -> torch.Tensor:
+        """q: [T, H, D]; k, v: this step's [T, KVH, D], already written into the pool
+        (pool_k, pool_v: one layer's [KVH, slots, D]). Same result as model.paged_attention."""
+        cache = LayerKV(pool_k, pool_v, self.block_size, self.scratch)
+        out = torch.empty_like(q)
+        for part in self.parts:
+            part.attend(q, k, v, cache, window, out)
+        return out
 
 
 @dataclass
@@ -359,35 +382,21 @@ class PackedBatch:
     dtype: torch.dtype
     device: torch.device
 
+    @classmethod
+    def build(cls, chunks: list[SeqChunk], block_size: int, windows: set, queries_per_kv: int,
+              dtype: torch.dtype, device: torch.device) -> PackedBatch:
+        lengths = np.fromiter((c.length for c in chunks), dtype=np.int64, count=len(chunks))
+        starts = np.fromiter((c.start for c in chunks), dtype=np.int64, count=len(chunks))
+        tables = _pad_block_tables([c.block_table for c in chunks])
+        return cls(lengths, starts, np.cumsum(lengths) - lengths, tables, block_size, windows,
+                   queries_per_kv, dtype, device)
+
     def tensor(self, array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
 
     def additive(self, allowed: np.ndarray) -> torch.Tensor:
         """0 where attention is allowed, -inf elsewhere, in the model's dtype."""
         return self.tensor(np.where(allowed, 0.0, -np.inf)).to(self.dtype)
-
-
-@dataclass
-class AttentionMetadata:
-    """Everything the layers need about one packed batch; built once per step, shared by layers."""
-
-    positions: torch.Tensor     # [T]
-    slot_mapping: torch.Tensor  # [T] where each new token's K/V is written
-    parts: list                 # CausalPrefill | PagedDecode | SharedPrefixDecode | PagedPrefill
-
-    @classmethod
-    def build(cls, chunks: list[SeqChunk], block_size: int, windows: set, queries_per_kv: int,
-              dtype: torch.dtype, device: torch.device) -> "AttentionMetadata":
-        lengths = np.fromiter((c.length for c in chunks), dtype=np.int64, count=len(chunks))
-        starts = np.fromiter((c.start for c in chunks), dtype=np.int64, count=len(chunks))
-        tables = _pad_block_tables([c.block_table for c in chunks])
-        first_token = np.cumsum(lengths) - lengths
-        seq_of_token = np.repeat(np.arange(len(chunks)), lengths)
-        positions = np.arange(lengths.sum()) - first_token[seq_of_token] + starts[seq_of_token]
-        slots = tables[seq_of_token, positions // block_size] * block_size + positions % block_size
-        batch = PackedBatch(lengths, starts, first_token, tables, block_size, windows,
-                            queries_per_kv, dtype, device)
-        return cls(batch.tensor(positions), batch.tensor(slots), _attention_parts(batch))
 
 
 def _attention_parts(batch: PackedBatch) -> list:

@@ -1,10 +1,12 @@
-"""Each attention kind of attention.py against plain dense attention, one sequence at a time.
+"""Each fast attention kind of internals/attention.py against model.py's plain paged attention.
 
-The HF-parity tests check whole models end to end; these check the paged attention itself on
-batches built to hit every kind and edge: a prompt from position 0, a chunk after a prefix,
-decode contexts spanning one and several chunks (and a partial last block), a decode batch
-and prompt chunks sharing cached leading blocks, sliding windows, grouped-query heads, the
-packed order of tokens mixing all of them, and the plain-math path used off CPU.
+The plain path (``model.paged_attention``: gather the blocks, one SDPA call) is the spec; the
+first test checks it against attention written out slot by slot, mask by mask. The rest
+build batches that hit every fast kind and edge: a prompt from position 0, a chunk after a
+prefix, decode contexts spanning one and several chunks (and a partial last block), a decode
+batch and prompt chunks sharing cached leading blocks, sliding windows, grouped-query heads,
+the packed order of tokens mixing all of them, and the plain-math path used off CPU. The
+HF-parity tests check whole models end to end.
 """
 from __future__ import annotations
 
@@ -14,9 +16,9 @@ import pytest
 import torch
 
 from internals import attention
-from internals.attention import (DECODE_CHUNK_TOKENS, AttentionMetadata, CausalPrefill, LayerKV,
-                       PagedDecode, PagedPrefill, Scratch, SeqChunk, SharedPrefixDecode,
-                       SharedPrefixPrefill, paged_attention)
+from internals.attention import (DECODE_CHUNK_TOKENS, CausalPrefill, FastAttention, PagedDecode,
+                                 PagedPrefill, SeqChunk, SharedPrefixDecode, SharedPrefixPrefill)
+from model import AttentionMetadata, paged_attention, write_kv
 
 BLOCK, KV_HEADS, HEADS, DIM, NUM_BLOCKS = 4, 2, 4, 8, 200
 
@@ -36,8 +38,8 @@ def dense_reference(q, pool_k, pool_v, chunk: SeqChunk, window: int | None) -> t
     return torch.einsum("htk,hkd->thd", probs, v)
 
 
-def run_batch(chunks: list[SeqChunk], windows: set, seed: int = 0):
-    """Write each chunk's new K/V into a random pool, attend, compare with the reference."""
+def random_step(chunks: list[SeqChunk], seed: int):
+    """A random pool with this step's random K/V written into it, the step's queries and metadata."""
     g = torch.Generator().manual_seed(seed)
     num_tokens = sum(c.length for c in chunks)
     pool_k = torch.randn(KV_HEADS, NUM_BLOCKS * BLOCK, DIM, generator=g)
@@ -45,18 +47,20 @@ def run_batch(chunks: list[SeqChunk], windows: set, seed: int = 0):
     q = torch.randn(num_tokens, HEADS, DIM, generator=g)
     k = torch.randn(num_tokens, KV_HEADS, DIM, generator=g)
     v = torch.randn(num_tokens, KV_HEADS, DIM, generator=g)
-    meta = AttentionMetadata.build(chunks, BLOCK, windows, HEADS // KV_HEADS, torch.float32,
-                                   torch.device("cpu"))
-    cache = LayerKV(pool_k, pool_v, BLOCK, Scratch())
-    cache.write(meta.slot_mapping, k, v)
+    meta = AttentionMetadata.build(chunks, BLOCK, torch.device("cpu"))
+    write_kv(pool_k, pool_v, meta.slot_mapping, k, v)
+    return q, k, v, pool_k, pool_v, meta
+
+
+def run_batch(chunks: list[SeqChunk], windows: set, seed: int = 0):
+    """The fast kinds' plan for the step, checked equal to the plain path for every window."""
+    q, k, v, pool_k, pool_v, meta = random_step(chunks, seed)
+    plan = FastAttention(windows, HEADS // KV_HEADS, torch.float32, torch.device("cpu")).plan(chunks, BLOCK)
     for window in windows:
-        out = paged_attention(q, k, v, cache, meta, window)
-        first = 0
-        for c in chunks:
-            expected = dense_reference(q[first:first + c.length], pool_k, pool_v, c, window)
-            torch.testing.assert_close(out[first:first + c.length], expected, atol=1e-5, rtol=1e-5)
-            first += c.length
-    return meta
+        expected = paged_attention(q, pool_k, pool_v, meta, window)
+        got = plan.attend(q, k, v, pool_k, pool_v, window)
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    return plan
 
 
 def table(first_block: int, num_blocks: int) -> list[int]:
@@ -71,9 +75,8 @@ def blocks_for(tokens: int) -> int:
 LONG = 3 * DECODE_CHUNK_TOKENS + 5  # a decode context spanning four chunks
 
 
-@pytest.mark.parametrize("windows", [{None}, {None, 6}, {6}])
-def test_every_kind_in_one_packed_batch(windows):
-    chunks = [
+def mixed_batch() -> list[SeqChunk]:
+    return [
         SeqChunk(10, 1, table(0, blocks_for(11))),          # decode, partial last block
         SeqChunk(0, 9, table(3, blocks_for(9))),            # a prompt from position 0
         SeqChunk(LONG, 1, table(40, blocks_for(LONG + 1))),  # decode over several chunks
@@ -81,8 +84,26 @@ def test_every_kind_in_one_packed_batch(windows):
         SeqChunk(6, 3, table(150, blocks_for(9))),          # ... and one after another prefix
         SeqChunk(0, 1, table(120, 1)),                      # a one-token prompt
     ]
-    meta = run_batch(chunks, windows)
-    kinds = {type(p) for p in meta.parts}
+
+
+@pytest.mark.parametrize("window", [None, 6])
+def test_plain_path_is_attention_slot_by_slot(window):
+    """The spec itself: every sequence's queries over its context, causal, windowed, GQA."""
+    chunks = mixed_batch()
+    q, _, _, pool_k, pool_v, meta = random_step(chunks, seed=8)
+    out = paged_attention(q, pool_k, pool_v, meta, window)
+    first = 0
+    for c in chunks:
+        expected = dense_reference(q[first:first + c.length], pool_k, pool_v, c, window)
+        torch.testing.assert_close(out[first:first + c.length], expected, atol=1e-5, rtol=1e-5)
+        first += c.length
+    assert first == out.shape[0]
+
+
+@pytest.mark.parametrize("windows", [{None}, {None, 6}, {6}])
+def test_every_kind_in_one_packed_batch(windows):
+    plan = run_batch(mixed_batch(), windows)
+    kinds = {type(p) for p in plan.parts}
     assert kinds == {PagedDecode, CausalPrefill, PagedPrefill}
 
 
@@ -91,17 +112,17 @@ def test_decode_batch_sharing_cached_blocks(windows):
     shared = table(5, 3)  # three full blocks every sequence holds
     chunks = [SeqChunk(n, 1, shared + table(60 + 13 * i, blocks_for(n + 1) - 3))
               for i, n in enumerate([12, 13, 20, LONG])]
-    meta = run_batch(chunks, windows, seed=1)
-    assert [type(p) for p in meta.parts] == [SharedPrefixDecode]
-    assert meta.parts[0].batch == 4 and meta.parts[0].shared_blocks.tolist() == shared
+    plan = run_batch(chunks, windows, seed=1)
+    assert [type(p) for p in plan.parts] == [SharedPrefixDecode]
+    assert plan.parts[0].batch == 4 and plan.parts[0].shared_blocks.tolist() == shared
 
 
 def test_prefix_shared_only_up_to_the_shortest_context():
     """Blocks are shared only as far as every sequence's context reaches past them."""
     shared = table(5, 4)
     chunks = [SeqChunk(9, 1, shared[:3]), SeqChunk(30, 1, shared + table(70, 4))]
-    meta = run_batch(chunks, {None}, seed=2)
-    assert meta.parts[0].shared_blocks.tolist() == shared[:2]  # 9 // BLOCK full blocks
+    plan = run_batch(chunks, {None}, seed=2)
+    assert plan.parts[0].shared_blocks.tolist() == shared[:2]  # 9 // BLOCK full blocks
 
 
 def test_single_decode_and_one_chunk_context():
@@ -114,23 +135,23 @@ def test_prefill_chunks_sharing_cached_blocks(windows):
     shared = table(5, 3)
     chunks = [SeqChunk(n, length, shared + table(60 + 13 * i, blocks_for(n + length) - 3))
               for i, (n, length) in enumerate([(12, 5), (14, 7), (13, 2), (LONG, 9)])]
-    meta = run_batch(chunks, windows, seed=4)
-    assert [type(p) for p in meta.parts] == [SharedPrefixPrefill]
-    assert meta.parts[0].shared_blocks.tolist() == shared
-    assert (meta.parts[0].windowed is not None) == (6 in windows)
+    plan = run_batch(chunks, windows, seed=4)
+    assert [type(p) for p in plan.parts] == [SharedPrefixPrefill]
+    assert plan.parts[0].shared_blocks.tolist() == shared
+    assert (plan.parts[0].windowed is not None) == (6 in windows)
 
 
 def test_one_long_prompt_continued_attends_its_earlier_chunks_unmasked():
     chunks = [SeqChunk(13, 9, table(9, blocks_for(22)))]
-    meta = run_batch(chunks, {None}, seed=5)
-    assert meta.parts[0].shared_blocks.tolist() == table(9, 3)  # 13 // BLOCK full blocks
+    plan = run_batch(chunks, {None}, seed=5)
+    assert plan.parts[0].shared_blocks.tolist() == table(9, 3)  # 13 // BLOCK full blocks
 
 
 def test_windowed_only_model_keeps_the_padded_prefill():
     shared = table(5, 3)
     chunks = [SeqChunk(12, 5, shared + table(60, 2)), SeqChunk(12, 3, shared + table(80, 1))]
-    meta = run_batch(chunks, {6}, seed=6)
-    assert [type(p) for p in meta.parts] == [PagedPrefill]
+    plan = run_batch(chunks, {6}, seed=6)
+    assert [type(p) for p in plan.parts] == [PagedPrefill]
 
 
 @pytest.mark.parametrize("windows", [{None}, {None, 6}])
@@ -143,5 +164,5 @@ def test_shared_kinds_with_plain_math(monkeypatch, windows):
               for i, n in enumerate([12, 20])]
     prefill = [SeqChunk(n, length, shared + table(120 + 11 * i, blocks_for(n + length) - 3))
                for i, (n, length) in enumerate([(12, 4), (15, 6)])]
-    meta = run_batch(decode + prefill, windows, seed=7)
-    assert [type(p) for p in meta.parts] == [SharedPrefixDecode, PagedPrefill]
+    plan = run_batch(decode + prefill, windows, seed=7)
+    assert [type(p) for p in plan.parts] == [SharedPrefixDecode, PagedPrefill]

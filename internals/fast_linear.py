@@ -1,0 +1,80 @@
+"""Linear layers run from oneDNN-packed weights: a fast path of model.py a reader can skip.
+
+On CPU in float32, oneDNN's kernels on a weight reordered once into their blocked layout beat
+MKL's sgemm, most at decode batch sizes. The ops are the ones torch.compile's CPU backend
+emits (``torch.ops.mkldnn``); where they are missing or wrong, nothing is packed and the model
+keeps its plain ``nn.Linear`` layers. The packed copy costs a second copy of the weights in
+RAM: the dense one stays the parameter, so weight names and loading are unchanged.
+
+``pack_linears(model)`` swaps every ``nn.Linear`` for a ``PackedLinear`` and every SiLU MLP for
+a ``PackedSiluMLP``, whose gate and up GEMMs apply SiLU and the product in their epilogues
+(no extra passes over the [tokens, 2 x intermediate] activations).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@functools.cache
+def onednn_linears_usable(device: torch.device, dtype: torch.dtype) -> bool:
+    """CPU, float32 (bfloat16 is fast only on CPUs with native support), and a torch build
+    that has the ops and gets a small product right with them."""
+    if device.type != "cpu" or dtype != torch.float32 or not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        weight, x = torch.linspace(-1, 1, 32).view(4, 8), torch.linspace(0, 1, 16).view(2, 8)
+        got = torch.ops.mkldnn._linear_pointwise(x, pack(weight), None, "none", [], "")
+        return torch.allclose(got, F.linear(x, weight), atol=1e-5)
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """The weight reordered into oneDNN's layout (a copy: later edits of ``weight`` are not seen)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach())
+
+
+class PackedLinear(nn.Module):
+    """An nn.Linear's weight and bias, computed from the packed copy."""
+
+    def __init__(self, dense: nn.Linear) -> None:
+        super().__init__()
+        self.weight, self.bias = dense.weight, dense.bias
+        self.packed = pack(dense.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+
+class PackedSiluMLP(nn.Module):
+    """model.MLP with SiLU: gate and up as two packed GEMMs, the first with a SiLU epilogue,
+    the second multiplying by it in its epilogue; then the packed down projection."""
+
+    def __init__(self, mlp: nn.Module) -> None:
+        super().__init__()
+        self.gate_up_proj, self.down_proj = mlp.gate_up_proj, PackedLinear(mlp.down_proj)
+        weights = mlp.gate_up_proj.weight.chunk(2)
+        bias = mlp.gate_up_proj.bias
+        biases = bias.detach().chunk(2) if bias is not None else (None, None)
+        (self.gate_w, self.gate_b), (self.up_w, self.up_b) = ((pack(w), b) for w, b in zip(weights, biases))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate = torch.ops.mkldnn._linear_pointwise(x, self.gate_w, self.gate_b, "swish", [], "")
+        both = torch.ops.mkldnn._linear_pointwise.binary(x, gate, self.up_w, self.up_b, "mul")
+        return self.down_proj(both)
+
+
+def pack_linears(module: nn.Module) -> None:
+    """Swap, in place under ``module``, each SiLU MLP (an ``hidden_act`` and a ``gate_up_proj``)
+    for PackedSiluMLP and every other nn.Linear for PackedLinear."""
+    for name, child in list(module.named_children()):
+        if getattr(child, "hidden_act", None) == "silu" and hasattr(child, "gate_up_proj"):
+            setattr(module, name, PackedSiluMLP(child))
+        elif isinstance(child, nn.Linear):
+            setattr(module, name, PackedLinear(child))
+        else:
+            pack_linears(child)
