@@ -1,5 +1,5 @@
-"""What the exercises share: the demo model and its prompt, a tiny long-context checkpoint,
-and a helper that sends requests and hands back their ``Sequence`` objects."""
+"""What the exercises share: the demo model and its prompt, a random prompt, a way to send
+requests and keep their ``Sequence`` objects, and a prefill driver without a model."""
 from __future__ import annotations
 
 import json
@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from engine import LLM, SamplingParams, Sequence
+from scheduler import Scheduler
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_MODEL = ROOT / "demo_model"
@@ -15,22 +16,14 @@ GREEDY = dict(temperature=0.0, ignore_eos=True)
 
 
 def demo_prompt(index: int = 0) -> list[int]:
-    """A prompt of the demo model (prompt 0: 527 tokens, 502 of them shared by all 14)."""
+    """A prompt of the demo model as token ids (prompt 0 has 527 tokens)."""
     prompts = json.loads((DEMO_MODEL / "prompts.json").read_text())["prompts"]
     return prompts[index]["prompt_ids"]
 
 
-def tiny_long_checkpoint(path: str, max_len: int = 4096 + 64) -> str:
-    """A random one-layer Llama whose context fits a 4096-token prompt, written to ``path``
-    (nothing is downloaded). Its tokens are meaningless; its hashes are the point."""
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-                         max_position_embeddings=max_len)
-    AutoModelForCausalLM.from_config(config).save_pretrained(path)
-    return path
+def random_prompt(length: int, seed: int, vocab: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (length,), generator=g).tolist()
 
 
 def send(llm: LLM, prompts: list[list[int]], max_tokens: int = 1) -> list[Sequence]:
@@ -45,6 +38,12 @@ def send(llm: LLM, prompts: list[list[int]], max_tokens: int = 1) -> list[Sequen
     return seqs
 
 
-def random_prompt(length: int, seed: int, vocab: int) -> list[int]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, vocab, (length,), generator=g).tolist()
+def prefill_without_model(scheduler: Scheduler, seq: Sequence) -> None:
+    """Admit ``seq`` and commit its prefill chunk by chunk: the engine's step minus the forward.
+
+    Hashing never reads K/V, so the lookup, the in-flight marks and every save run exactly as
+    in the engine; only the model is left out (which makes a 4096-token prompt take a blink)."""
+    scheduler.add(seq)
+    while seq.num_computed_tokens < seq.num_tokens:
+        scheduler.commit(scheduler.schedule())
+    scheduler.finish(seq, "length")

@@ -1,6 +1,6 @@
-"""Exercise 1: the chapter's ``_do_prefill_step`` snippet, run exactly as it reads.
+"""Exercise 1: the chapter's ``_do_prefill_step`` snippet, read literally.
 
-The chapter's snippet, on a block boundary at the end of a prefill chunk::
+The chapter saves a block like this, at the end of each prefill chunk:
 
     if end % self.block_size == 0 and end <= prompt_len:
         h = self._chain_hash(seq.prompt_ids.tolist(), seq._prev_hash, end - self.block_size, end)
@@ -8,30 +8,44 @@ The chapter's snippet, on a block boundary at the end of a prefill chunk::
         seq._prev_hash = h
         self._save_prefix_cache(seq, h, end)
 
-Read literally, it hashes and appends again although ``_lookup_prefix_cache`` has already
-filled ``_block_hashes`` for the whole prompt (``_precompute_block_hashes``), and it chains
-from ``_prev_hash``, the *last* block's hash. ``SnippetPrefixCache`` below is the engine's
-``PrefixCache`` with only that method replaced. Predict, for a 4096-token prompt
-(block_size 16, N = 256), prefilled in 16-token and in 512-token chunks:
+``SnippetPrefixCache`` (in exercises/ex1_snippet_pitfall.py) is this engine's ``PrefixCache``
+with only ``_do_prefill_step`` replaced by the snippet, line by line. Three lines had to be
+translated to this engine:
 
-* how many hash calls the cold request makes, and ``len(seq._block_hashes)`` afterwards;
-* how many entries the prefix cache holds;
-* how many of the 4096 tokens a new request with the same prompt gets from cache.
+* ``seq.prompt_ids.tolist()`` is ``seq.token_view()``: the same ids, without a copy;
+* ``seq._prev_hash = h`` has no line of its own: here ``_prev_hash`` is a property that
+  returns ``_block_hashes[-1]``, so the ``append`` just before it already makes it ``h``;
+* ``self._save_prefix_cache(seq, h, end)`` is ``_snippet_save(seq, h, end)``: it registers the
+  block that ends at ``end`` under ``h`` (the engine's own method takes a block, not an end).
 
-Then run ``python -m exercises.ex1_snippet_pitfall`` and read the README's answer.
+Remember what runs before it: at admission, ``_lookup_prefix_cache`` calls
+``_precompute_block_hashes``, which fills ``_block_hashes`` for the whole prompt.
+
+Setup: one prompt of 4096 tokens, block_size 16 (N = 256 full blocks), an empty cache. It
+is prefilled in 16-token chunks; then everything again, on a fresh cache, in 512-token chunks.
+With the snippet, predict:
+
+1. the hash calls the cold request makes with 16-token chunks (its lookup + its saves);
+2. the entries in the prefix cache afterwards (16-token chunks);
+3. how many of the 4096 tokens a new request with the same prompt then gets from cache
+   (16-token chunks);
+4. the hash calls the cold request makes with 512-token chunks.
 """
 from __future__ import annotations
 
-import tempfile
 from dataclasses import dataclass
 
-import torch
-
-from engine import LLM
-from exercises.common import random_prompt, send, tiny_long_checkpoint
+from api.sampling_params import SamplingParams
+from block_manager import BlockManager
+from exercises.common import prefill_without_model, random_prompt
 from prefix_cache import PrefixCache
-from scheduler import Sequence
+from scheduler import Scheduler, SchedulerConfig, Sequence
 
+TITLE = "The chapter's snippet, read literally"
+ASKS = ("hash calls, 16-token chunks", "cache entries, 16-token chunks",
+        "tokens from cache for a new request, 16-token chunks", "hash calls, 512-token chunks")
+HINT = ("Count the snippet's hash calls on top of the lookup's. Then ask which hash the first "
+        "block is saved under: what is seq._prev_hash right after the lookup?")
 PROMPT_LEN, BLOCK = 4096, 16
 
 
@@ -42,7 +56,7 @@ class SnippetPrefixCache(PrefixCache):
         bs = self.block_size
         if end % bs == 0 and end <= seq.num_prompt_tokens:  # only the chunk's end is checked
             h = self._chain_hash(seq.token_view(), seq._prev_hash, end - bs, end)
-            seq._block_hashes.append(h)  # seq._prev_hash is _block_hashes[-1]: it follows
+            seq._block_hashes.append(h)  # and so seq._prev_hash == h: it is _block_hashes[-1]
             self._snippet_save(seq, h, end)
         return []  # the snippet knows no twins
 
@@ -71,33 +85,36 @@ class Outcome:
                 f"{self.prompt_len} tokens from cache")
 
 
-def run_variant(model: str, cache_cls: type, chunk: int, label: str, prompt: list[int]) -> Outcome:
-    llm = LLM(model, block_size=BLOCK, max_num_batched_tokens=chunk, num_kv_blocks=2 * len(prompt) // BLOCK + 8,
-              device="cpu", dtype="float32")
-    llm.prefix_cache = llm.scheduler.prefix_cache = cache_cls(llm.block_manager)
-    before = llm.stats()["hash_computations"]
-    (seq,) = send(llm, [prompt])
-    calls = llm.stats()["hash_computations"] - before
-    entries = llm.prefix_cache.num_cached_blocks
-    cached = llm.stats()["prompt_tokens_cached"]
-    send(llm, [prompt])
-    return Outcome(label, calls, len(seq._block_hashes), entries,
-                   llm.stats()["prompt_tokens_cached"] - cached, len(prompt))
+def run_variant(cache_cls: type, chunk: int, label: str, prompt: list[int]) -> Outcome:
+    """One cold request on an empty cache, then a lookup of a new Sequence with the same prompt."""
+    blocks = BlockManager(2 * len(prompt) // BLOCK + 8, BLOCK)
+    cache = cache_cls(blocks)
+    scheduler = Scheduler(SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=chunk), blocks, cache)
+    seq = Sequence(prompt, SamplingParams(max_tokens=1))
+    prefill_without_model(scheduler, seq)
+    calls = cache.hash_computations
+    again = cache.lookup(Sequence(prompt, SamplingParams(max_tokens=1)))
+    return Outcome(label, calls, len(seq._block_hashes), cache.num_cached_blocks,
+                   again.num_cached_tokens, len(prompt))
 
 
-def measure(model: str | None = None, prompt_len: int = PROMPT_LEN) -> list[Outcome]:
-    """The four variants; without ``model``, on a tiny random checkpoint made for the run."""
-    if model is None:
-        with tempfile.TemporaryDirectory() as tmp:
-            return measure(tiny_long_checkpoint(tmp, prompt_len + 64), prompt_len)
-    prompt = random_prompt(prompt_len, seed=7, vocab=512)
-    return [run_variant(model, SnippetPrefixCache, 16, "snippet as written, 16-token chunks", prompt),
-            run_variant(model, SnippetPrefixCache, 512, "snippet as written, 512-token chunks", prompt),
-            run_variant(model, PrefixCache, 16, "this engine, 16-token chunks", prompt),
-            run_variant(model, PrefixCache, 512, "this engine, 512-token chunks", prompt)]
+def measure(prompt_len: int = PROMPT_LEN) -> list[Outcome]:
+    prompt = random_prompt(prompt_len, seed=7, vocab=32000)
+    return [run_variant(SnippetPrefixCache, 16, "snippet as written, 16-token chunks", prompt),
+            run_variant(SnippetPrefixCache, 512, "snippet as written, 512-token chunks", prompt),
+            run_variant(PrefixCache, 16, "this engine, 16-token chunks", prompt),
+            run_variant(PrefixCache, 512, "this engine, 512-token chunks", prompt)]
+
+
+def answer(outcomes: list[Outcome]) -> list[str]:
+    chunks16, chunks512 = outcomes[0], outcomes[1]
+    return [str(chunks16.hash_calls), str(chunks16.cache_entries), str(chunks16.cached_for_new_seq),
+            str(chunks512.hash_calls)]
+
+
+def report(outcomes: list[Outcome]) -> list[str]:
+    return [o.line() for o in outcomes]
 
 
 if __name__ == "__main__":
-    torch.set_num_threads(1)  # a tiny model: one thread is fastest on a shared CPU
-    for outcome in measure():
-        print(outcome.line())
+    print("\n".join(report(measure())))

@@ -1,42 +1,86 @@
-"""Exercise 2: predict the chapter's table before run.py prints it.
+"""Exercise 2: predict the chapter's table at another block size.
 
-The demo's longest prompt has 527 tokens. With ``block_size=8`` it has N = 65 full blocks.
-Using the rule run.py prints under its table (recompute: every full block at every lookup,
-plus each newly computed full block at save; incremental: each full block once per
-Sequence), predict every row for both strategies. Then a second case: the first 512 tokens
-of the same prompt at ``block_size=16`` (a block multiple, N = 32). Which row changes, and
-why? Hint: the block holding the last token is never served from cache.
+``python run.py`` prints the chapter's table for the 527-token demo prompt at block_size 16,
+and under it the rule behind every row:
 
-Check: ``python -m exercises.ex2_block_size_8`` (or ``python run.py --block-size 8``).
+    recompute hashes every full block at every lookup, plus each newly computed full block
+    at save; incremental hashes each full block once per Sequence.
+
+Use the rule to predict two cells it did not print.
+
+(a) The same prompt at block_size 8 (N = 527 // 8 = 65 full blocks). The row "cold
+    request": a prompt the cache has never seen, sent alone; its lookup + the saves of the
+    blocks its prefill computes.
+(b) The prompt's first 512 tokens at block_size 16 (a block multiple: N = 32). First the
+    cold request; once it has finished, the same prompt again as a new request. The row
+    "same prompt, new Sequence": the new request's lookup + its saves.
+
+Predict:
+
+1. (a) recompute's hash calls;
+2. (a) incremental's hash calls;
+3. (b) recompute's hash calls;
+4. (b) incremental's hash calls.
 """
 from __future__ import annotations
 
-import torch
+from dataclasses import dataclass
 
-from teaching.chapter_table import ROWS, STRATEGIES, chapter_rows
-from exercises.common import DEMO_MODEL, demo_prompt
+from engine import LLM
+from exercises.common import DEMO_MODEL, demo_prompt, send
 
-
-def table(block_size: int, prompt: list[int], model: str = str(DEMO_MODEL)) -> dict[str, tuple[int, int]]:
-    """Row label -> (recompute calls, incremental calls), counted by the engine."""
-    engine_kw = dict(block_size=block_size, max_num_seqs=2, device="cpu", dtype="float32")
-    rows = {s: chapter_rows(model, engine_kw, prompt, s, repeats=1) for s in STRATEGIES}
-    return {r.label.strip(): (rows["recompute"][r.label].calls, rows["incremental"][r.label].calls)
-            for r in ROWS}
-
-
-def line(block_size: int, prompt: list[int], counts: dict[str, tuple[int, int]]) -> str:
-    cells = "; ".join(f"{label} {r} / {i}" for label, (r, i) in counts.items())
-    return f"block_size {block_size}, {len(prompt)} tokens (N = {len(prompt) // block_size}): {cells}"
+TITLE = "The table at another block size"
+ASKS = ("(a) recompute", "(a) incremental", "(b) recompute", "(b) incremental")
+HINT = ("In (b) every block of the new request is cached, but the block holding the last token "
+        "is never served from cache: its logits are needed to sample. What happens when that "
+        "block is computed again and saved?")
+STRATEGIES = ("recompute", "incremental")
 
 
-def measure(model: str = str(DEMO_MODEL)) -> list[str]:
+@dataclass
+class Cells:
+    block_size: int
+    prompt_len: int
+    cold: dict[str, int]        # strategy -> hash calls of the cold request
+    new_sequence: dict[str, int]  # strategy -> hash calls of the same prompt as a new request
+
+    def line(self) -> str:
+        return (f"block_size {self.block_size}, {self.prompt_len} tokens (N = {self.prompt_len // self.block_size}): "
+                f"cold request {self.cold['recompute']} / {self.cold['incremental']}; same prompt, new Sequence "
+                f"{self.new_sequence['recompute']} / {self.new_sequence['incremental']}")
+
+
+def hash_calls(llm: LLM, prompt: list[int]) -> int:
+    """The hash calls one request with ``prompt`` makes, sent alone, run to completion."""
+    before = llm.prefix_cache.hash_computations
+    send(llm, [prompt])
+    return llm.prefix_cache.hash_computations - before
+
+
+def cells(block_size: int, prompt: list[int], model: str = str(DEMO_MODEL)) -> Cells:
+    cold, new = {}, {}
+    for strategy in STRATEGIES:
+        llm = LLM(model, block_size=block_size, num_kv_blocks=4 * len(prompt) // block_size,
+                  hash_strategy=strategy, device="cpu", dtype="float32")
+        cold[strategy] = hash_calls(llm, prompt)
+        new[strategy] = hash_calls(llm, prompt)
+    return Cells(block_size, len(prompt), cold, new)
+
+
+def measure(model: str = str(DEMO_MODEL)) -> list[Cells]:
     prompt = demo_prompt(0)
-    return [line(8, prompt, table(8, prompt, model)), line(16, prompt[:512], table(16, prompt[:512], model))]
+    return [cells(8, prompt, model), cells(16, prompt[:512], model)]
+
+
+def answer(result: list[Cells]) -> list[str]:
+    a, b = result
+    return [str(a.cold["recompute"]), str(a.cold["incremental"]),
+            str(b.new_sequence["recompute"]), str(b.new_sequence["incremental"])]
+
+
+def report(result: list[Cells]) -> list[str]:
+    return ["recompute / incremental hash calls"] + [c.line() for c in result]
 
 
 if __name__ == "__main__":
-    torch.set_num_threads(1)
-    print("recompute / incremental hash calls per row")
-    for text in measure():
-        print(text)
+    print("\n".join(report(measure())))

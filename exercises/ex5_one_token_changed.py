@@ -1,23 +1,33 @@
-"""Exercise 5: change one token and predict which blocks still hit.
+"""Exercise 5: change one token. Which blocks still hit?
 
-Send the demo prompt (527 tokens), then the same prompt with the token at position 300
-replaced. At ``block_size`` 16, 32 and 64: which blocks of the second request are served
-from cache, how many tokens is that, and how many of its full blocks get a new hash?
-(Position 300 lies in block 300 // block_size; a block's hash is seeded with its parent's.)
+Send the demo prompt (527 tokens); then send the same prompt with the token at position 300
+replaced by another one. A block's hash is seeded with its parent's hash, so one hash names
+the whole prefix up to its block. Position 300 lies in block 300 // block_size.
 
-Check: ``python -m exercises.ex5_one_token_changed``, and see it block by block with
-``python run.py --chain --change-at 300``.
+Predict, for the second request:
+
+1. block_size 16: tokens served from cache;
+2. block_size 16: full blocks whose hash differs from the first request's;
+3. block_size 32: tokens served from cache;
+4. block_size 32: full blocks with a new hash;
+5. block_size 64: tokens served from cache;
+6. block_size 64: full blocks with a new hash.
+
+See it block by block afterwards with ``python run.py --chain --change-at 300``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from engine import LLM
 from exercises.common import DEMO_MODEL, demo_prompt, send
 
+TITLE = "One token changed"
 POSITION = 300
+ASKS = ("16: tokens from cache", "16: new hashes", "32: tokens from cache", "32: new hashes",
+        "64: tokens from cache", "64: new hashes")
+HINT = ("Cached tokens come in whole blocks, and only blocks before the changed one can hit. "
+        "The prompt has 527 // block_size full blocks.")
 
 
 @dataclass
@@ -34,7 +44,8 @@ class ChangedOutcome:
 
 
 def measure_one(model: str, block_size: int, position: int = POSITION) -> ChangedOutcome:
-    llm = LLM(model, block_size=block_size, device="cpu", dtype="float32", max_num_seqs=2)
+    llm = LLM(model, block_size=block_size, device="cpu", dtype="float32", max_num_seqs=2,
+              num_kv_blocks=4 * 528 // block_size)
     prompt = demo_prompt(0)
     changed = list(prompt)
     changed[position] = (prompt[position] + 1) % llm.model_config.vocab_size
@@ -50,7 +61,13 @@ def measure(model: str = str(DEMO_MODEL)) -> list[ChangedOutcome]:
     return [measure_one(model, bs) for bs in (16, 32, 64)]
 
 
+def answer(result: list[ChangedOutcome]) -> list[str]:
+    return [str(v) for o in result for v in (o.cached_tokens, o.changed_hashes)]
+
+
+def report(result: list[ChangedOutcome]) -> list[str]:
+    return [o.line() for o in result]
+
+
 if __name__ == "__main__":
-    torch.set_num_threads(1)
-    for outcome in measure():
-        print(outcome.line())
+    print("\n".join(report(measure())))

@@ -1,72 +1,130 @@
-"""The README's exercises: each answer it gives is what the exercise measures now, and the
-measurement is the one the chapter's reasoning predicts (so neither can drift)."""
+"""The exercises: every stored answer (exercises/answers.json) is what the engine measures
+now, each measurement is what the chapter's reasoning predicts, and the checker accepts the
+right prediction and rejects a wrong one without printing the answer."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
-from demo_output import squash
-from exercises import (ex1_snippet_pitfall, ex2_block_size_8, ex3_preemption, ex4_weak_hash,
-                       ex5_one_token_changed)
-from exercises.common import demo_prompt, tiny_long_checkpoint
+from exercises import MODULES, exercise
+from exercises.__main__ import main
+from exercises.checker import load_answers, normalise
 
-README = squash((Path(__file__).resolve().parent.parent / "README.md").read_text())
-
-
-def in_readme(line: str) -> bool:
-    return squash(line) in README
+ROOT = Path(__file__).resolve().parent.parent
+ANSWERS = load_answers()
 
 
 @pytest.fixture(scope="module")
-def pitfall(tmp_path_factory):
-    return ex1_snippet_pitfall.measure(tiny_long_checkpoint(str(tmp_path_factory.mktemp("tiny_long"))))
+def measured():
+    """Each exercise measured once for the module (the slow part: about a minute in all)."""
+    cache = {}
+
+    def get(number: int):
+        if number not in cache:
+            cache[number] = exercise(number).measure()
+        return cache[number]
+    return get
 
 
-def test_snippet_as_written_hashes_twice_and_caches_nothing_reusable(pitfall):
-    n = ex1_snippet_pitfall.PROMPT_LEN // ex1_snippet_pitfall.BLOCK  # 256
-    chunks16, chunks512, fixed16, fixed512 = pitfall
+@pytest.mark.parametrize("number", sorted(MODULES))
+def test_stored_answer_is_what_the_engine_measures(measured, number):
+    ex = exercise(number)
+    assert ex.answer(measured(number)) == ANSWERS[number]["values"]
+    assert len(ANSWERS[number]["values"]) == len(ex.ASKS)
+
+
+def test_snippet_as_written_hashes_twice_and_caches_nothing_reusable(measured):
+    ex1 = exercise(1)
+    n = ex1.PROMPT_LEN // ex1.BLOCK  # 256
+    chunks16, chunks512, fixed16, fixed512 = measured(1)
     assert (chunks16.hash_calls, chunks16.chain_length, chunks16.cache_entries) == (2 * n, 2 * n, n)
-    ends = ex1_snippet_pitfall.PROMPT_LEN // 512  # one save per chunk end
+    ends = ex1.PROMPT_LEN // 512  # one save per chunk end
     assert (chunks512.hash_calls, chunks512.chain_length, chunks512.cache_entries) == (n + ends, n + ends, ends)
     assert chunks16.cached_for_new_seq == chunks512.cached_for_new_seq == 0
     for fixed in (fixed16, fixed512):
         assert (fixed.hash_calls, fixed.chain_length, fixed.cache_entries) == (n, n, n)
-        assert fixed.cached_for_new_seq == fixed.prompt_len - ex1_snippet_pitfall.BLOCK  # all but the last block
-    for outcome in pitfall:
-        assert in_readme(outcome.line()), outcome.line()
+        assert fixed.cached_for_new_seq == fixed.prompt_len - ex1.BLOCK  # all but the last block
 
 
-def test_block_size_8_table():
-    lines = ex2_block_size_8.measure()
-    n8 = len(demo_prompt(0)) // 8
-    assert lines[0].startswith(f"block_size 8, 527 tokens (N = {n8}): cold request {2 * n8} / {n8};")
-    assert "same prompt, new Sequence 33 / 32" in lines[1]  # 512 tokens: the last block is saved again
-    for line in lines:
-        assert in_readme(line), line
+def test_table_cells_follow_the_rule(measured):
+    at8, at16 = measured(2)
+    n8, n16 = at8.prompt_len // 8, at16.prompt_len // 16
+    assert at8.cold == {"recompute": 2 * n8, "incremental": n8}
+    assert at8.new_sequence == {"recompute": n8, "incremental": n8}  # 527: last block partial
+    assert at16.new_sequence == {"recompute": n16 + 1, "incremental": n16}  # the last block saved again
 
 
-def test_preempted_sequence_keeps_its_chain():
-    recompute, incremental = ex3_preemption.measure()
+def test_preempted_sequence_keeps_its_chain(measured):
+    ex3 = exercise(3)
+    recompute, incremental = measured(3)
     assert recompute.preemptions == incremental.preemptions == 1
-    assert recompute.lookups == incremental.lookups > 1  # it retried while blocks were short
+    assert recompute.lookups == incremental.lookups == ex3.LOOKUPS  # the number the question states
+    assert recompute.full_blocks == incremental.full_blocks == 30 // 2  # the pool split in two
     assert recompute.hash_calls == recompute.lookups * recompute.full_blocks
     assert incremental.hash_calls == 0
-    for outcome in (recompute, incremental):
-        assert in_readme(outcome.line()), outcome.line()
 
 
-def test_weak_hash_costs_misses_never_wrong_tokens():
-    outcome = ex4_weak_hash.measure()
-    assert outcome.cache_entries <= 3 and outcome.collisions_caught >= 1
-    assert outcome.tokens_identical
-    assert in_readme(outcome.line()), outcome.line()
+def test_weak_hash_costs_misses_never_wrong_tokens(measured):
+    outcome = measured(4)
+    assert outcome.cache_entries <= outcome.max_entries == 3
+    assert outcome.collisions_caught >= 1 and outcome.tokens_identical
 
 
-def test_one_changed_token():
-    for outcome in ex5_one_token_changed.measure():
-        kept = ex5_one_token_changed.POSITION // outcome.block_size
+def test_one_changed_token(measured):
+    ex5 = exercise(5)
+    for outcome in measured(5):
+        kept = ex5.POSITION // outcome.block_size
         assert outcome.cached_tokens == kept * outcome.block_size
         assert outcome.changed_hashes == outcome.full_blocks - kept
-        assert in_readme(outcome.line()), outcome.line()
 
+
+def test_listing_names_every_exercise(capsys):
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    for number in MODULES:
+        assert f"{number}. {exercise(number).TITLE}" in out
+
+
+@pytest.mark.parametrize("number", sorted(MODULES))
+def test_checker_accepts_the_right_prediction(capsys, number):
+    assert main([str(number), "--answer", *ANSWERS[number]["values"]]) == 0
+    assert capsys.readouterr().out.startswith("Right.")
+
+
+@pytest.mark.parametrize("number", sorted(MODULES))
+def test_checker_rejects_a_wrong_prediction_without_the_answer(capsys, number):
+    right = ANSWERS[number]["values"]
+    for wrong_at in range(len(right)):
+        wrong = list(right)
+        wrong[wrong_at] = "1000" if right[wrong_at] != "1000" else "7"
+        assert main([str(number), "--answer", *wrong]) == 1
+        out = capsys.readouterr().out
+        assert "Right" not in out and squash(ANSWERS[number]["why"][:60]) not in squash(out)
+        for value in set(right) - set(wrong) - {str(number)}:
+            assert not re.search(rf"\b{re.escape(value)}\b", out), (value, out)
+
+
+@pytest.mark.parametrize("number", sorted(MODULES))
+def test_question_and_hint_do_not_print_the_explanation(capsys, number):
+    for argv in ([str(number)], [str(number), "--hint"]):
+        assert main(argv) == 0
+        assert squash(ANSWERS[number]["why"][:60]) not in squash(capsys.readouterr().out)
+
+
+def test_normalise_reads_commas_and_words():
+    assert normalise(["512,", "256", "0,264"]) == ["512", "256", "0", "264"]
+    assert normalise(["3", "No", "same"]) == ["3", "no", "equal"]
+
+
+def test_readme_gives_no_answer_away():
+    readme = squash((ROOT / "README.md").read_text())
+    for number in MODULES:
+        assert squash(ANSWERS[number]["why"][:60]) not in readme
+    assert not re.search(r"\b33 (vs|/) 32\b", readme)  # exercise 2's point
+    assert "<details>" not in readme
+
+
+def squash(text: str) -> str:
+    return " ".join(text.split())
