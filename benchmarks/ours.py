@@ -15,6 +15,7 @@ from .workloads import Sizes, Workload, kv_capacity_tokens, torch_dtype, warmup_
 
 SYSTEM = "ours"
 BUSY_SYSTEM = "ours, busy neighbour"  # ours again, one CPU-bound process running beside it
+PLAIN_SYSTEM = "ours (plain)"  # fast_paths=False: model.py's plain attention and linears only
 COUNTERS = ("prompt_tokens_computed", "prompt_tokens_cached", "prefix_cache_queries",
             "prefix_cache_hits", "hash_computations", "steps", "preemptions")
 
@@ -28,11 +29,12 @@ def kv_bytes_per_token(model_dir: str, dtype: str) -> int:
     return 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * head_dim * elem
 
 
-def engine_args(w: Workload, s: Sizes, model_dir: str, dtype: str, device: str) -> dict:
+def engine_args(w: Workload, s: Sizes, model_dir: str, dtype: str, device: str,
+                fast_paths: bool = True) -> dict:
     return dict(block_size=16, kv_cache_memory=kv_capacity_tokens(w) * kv_bytes_per_token(model_dir, dtype),
                 max_num_seqs=256, max_num_batched_tokens=s.max_batched_tokens,
                 dtype=dtype, device=device, seed=0, enable_prefix_caching=True,
-                hash_strategy="incremental")
+                hash_strategy="incremental", fast_paths=fast_paths)
 
 
 def greedy(max_tokens: int) -> SamplingParams:
@@ -42,7 +44,7 @@ def greedy(max_tokens: int) -> SamplingParams:
 def run_ours(model_dir: str, w: Workload, s: Sizes, dtype: str, device: torch.device,
              threads: str, system: str = SYSTEM) -> RunResult:
     """A fresh LLM (so the prefix cache starts cold), timed over one full generate()."""
-    args = engine_args(w, s, model_dir, dtype, str(device))
+    args = engine_args(w, s, model_dir, dtype, str(device), fast_paths=system != PLAIN_SYSTEM)
     if threads != DEFAULT:
         args["num_threads"] = int(threads)
     llm = LLM(model_dir, **args)
@@ -61,7 +63,8 @@ def run_ours(model_dir: str, w: Workload, s: Sizes, dtype: str, device: torch.de
                      extra={k: after[k] - before[k] for k in COUNTERS})
 
 
-def warmup_ours(model_dir: str, s: Sizes, vocab: int, dtype: str, device: torch.device) -> None:
+def warmup_ours(model_dir: str, s: Sizes, vocab: int, dtype: str, device: torch.device,
+                fast_paths: bool = True) -> None:
     w = warmup_workload(vocab)
-    llm = LLM(model_dir, **engine_args(w, s, model_dir, dtype, str(device)))
+    llm = LLM(model_dir, **engine_args(w, s, model_dir, dtype, str(device), fast_paths))
     llm.generate(w.prompts, greedy(w.max_new_tokens), use_tqdm=False)

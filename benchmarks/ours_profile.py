@@ -1,5 +1,11 @@
-"""Where our time goes (``--profile``): prefill MFU against a measured matmul peak, and the
-share of a batch-N decode step spent outside the model's matmuls."""
+"""Where our time goes (``--profile``), by phase and by op.
+
+* prefill: dense GFLOP/s achieved over a measured matmul peak of the same dtype (the larger of
+  a square n x n product and a model-shaped one: a full token budget through the MLP's up
+  projection), and the top ops of a profiled prefill;
+* decode: a step at batch 1 and at batch N against the weight-streaming bound (the bytes of
+  every weight a step reads, divided by a measured memory bandwidth), the share of a batch-N
+  step spent outside matmuls, and its top ops."""
 from __future__ import annotations
 
 import math
@@ -11,12 +17,14 @@ import torch
 
 from engine import LLM, SamplingParams
 
-from .ours import engine_args
-from .workloads import Sizes, Workload, random_tokens
+from .ours import engine_args, kv_bytes_per_token
+from .workloads import Sizes, Workload, random_tokens, torch_dtype
 
 # The model's linears run as oneDNN kernels on CPU float32 (model.Linear); they are matmuls too.
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul",
               "aten::linear", "mkldnn::_linear_pointwise", "mkldnn::_linear_pointwise.binary")
+PROFILED_PREFILL_PROMPTS = 4  # prompts of workload (a) prefilled under the profiler
+DECODED_BEFORE_TIMING = 3  # each request's first token and two warm-up steps (decoding_batch)
 
 
 def sync(device: torch.device) -> None:
@@ -24,21 +32,55 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def matmul_peak(n: int, dtype: torch.dtype, device: torch.device, trials: int = 7,
-                inner: int = 10) -> float:
-    """Best-of-trials FLOP/s of n x n x n matmuls: the roof the prefill is measured against."""
-    a = torch.randn(n, n, dtype=dtype, device=device)
-    b = torch.randn(n, n, dtype=dtype, device=device)
-    c = torch.empty(n, n, dtype=dtype, device=device)
+def best_seconds(fn, device: torch.device, trials: int, inner: int) -> float:
+    """Best-of-trials seconds of one fn() call; the first trial is a warm-up."""
     best = math.inf
-    for _ in range(trials + 1):  # the first trial is a warm-up
+    for _ in range(trials + 1):
         sync(device)
         t = time.perf_counter()
         for _ in range(inner):
-            torch.mm(a, b, out=c)
+            fn()
         sync(device)
         best = min(best, (time.perf_counter() - t) / inner)
-    return 2 * n ** 3 / best
+    return best
+
+
+def matmul_rate(m: int, k: int, n: int, dtype: torch.dtype, device: torch.device,
+                trials: int = 7, inner: int = 5) -> float:
+    """Best-of-trials FLOP/s of (m x k) @ (k x n) products."""
+    a = torch.randn(m, k, dtype=dtype, device=device)
+    b = torch.randn(k, n, dtype=dtype, device=device)
+    c = torch.empty(m, n, dtype=dtype, device=device)
+    return 2 * m * k * n / best_seconds(lambda: torch.mm(a, b, out=c), device, trials, inner)
+
+
+def matmul_peak(n: int, dtype: torch.dtype, device: torch.device, trials: int = 7,
+                inner: int = 10) -> float:
+    """Best-of-trials FLOP/s of n x n x n matmuls."""
+    return matmul_rate(n, n, n, dtype, device, trials, inner)
+
+
+def matmul_peaks(s: Sizes, facts: dict, dtype: torch.dtype, device: torch.device) -> dict:
+    """The square peak and a model-shaped one (a token budget through the MLP's up projection);
+    the roof the prefill is measured against is the larger."""
+    square = matmul_peak(s.matmul_n, dtype, device)
+    shaped = matmul_rate(s.max_batched_tokens, facts["hidden_size"],
+                         facts.get("intermediate_size") or 4 * facts["hidden_size"], dtype, device,
+                         trials=3, inner=2)
+    return dict(square_n=s.matmul_n, square_flop_s=square, model_shaped_flop_s=shaped,
+                model_shape=f"{s.max_batched_tokens}x{facts['hidden_size']}x"
+                            f"{facts.get('intermediate_size')}", peak_flop_s=max(square, shaped))
+
+
+def memory_bandwidth(device: torch.device, mib: int = 512) -> dict:
+    """Bytes/s of reading a large tensor (a sum) and of copying it (read + write); the larger is
+    the bandwidth the decode bound uses (the more favourable to the engine: a tighter bound)."""
+    n = mib * 2 ** 20 // 4
+    src = torch.ones(n, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    read = n * 4 / best_seconds(lambda: src.sum(), device, trials=5, inner=2)
+    copy = 2 * n * 4 / best_seconds(lambda: dst.copy_(src), device, trials=5, inner=2)
+    return dict(tensor_mib=mib, read_bytes_s=read, copy_bytes_s=copy, bytes_s=max(read, copy))
 
 
 def attention_flops(prompts: list[list[int]], facts: dict) -> int:
@@ -47,22 +89,46 @@ def attention_flops(prompts: list[list[int]], facts: dict) -> int:
     return sum(per_pair * len(p) * (len(p) + 1) // 2 for p in prompts)
 
 
-def bench_prefill(model_dir: str, w: Workload, s: Sizes, facts: dict, peak: float, dtype: str,
-                  device: torch.device) -> dict:
-    """Our prefill alone: the workload's prompts with max_tokens=1 on a fresh LLM."""
-    llm = LLM(model_dir, **engine_args(w, s, model_dir, dtype, str(device)))
+def weight_bytes_per_step(facts: dict, dtype: str) -> int:
+    """Every weight one forward reads: the layers, the final norm and the LM head (the embedding
+    matrix itself when tied); the embedding lookup reads only a few rows and is left out."""
+    head = facts["vocab_size"] * facts["hidden_size"]
+    return (facts["params_without_embedding"] + head) * torch_dtype(dtype).itemsize
+
+
+def prefill(llm: LLM, prompts: list[list[int]]) -> tuple[float, int]:
+    """(seconds, prompt tokens computed) of the prompts' prefill: max_tokens=1."""
     before = llm.stats()["prompt_tokens_computed"]
     start = time.perf_counter()
-    llm.generate(w.prompts, SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True),
+    llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True),
                  use_tqdm=False)
-    seconds = time.perf_counter() - start
-    computed = llm.stats()["prompt_tokens_computed"] - before
+    return time.perf_counter() - start, llm.stats()["prompt_tokens_computed"] - before
+
+
+def bench_prefill(model_dir: str, w: Workload, s: Sizes, facts: dict, peak: float, dtype: str,
+                  device: torch.device) -> dict:
+    """Our prefill alone: the workload's prompts with max_tokens=1 on a fresh LLM, then a few of
+    them again (on a fresh LLM) under the profiler for the top ops."""
+    seconds, computed = prefill(LLM(model_dir, **engine_args(w, s, model_dir, dtype, str(device))),
+                                w.prompts)
     dense = 2 * facts["params_without_embedding"] * computed
     attn = attention_flops(w.prompts, facts)
+    few = w.prompts[:PROFILED_PREFILL_PROMPTS]
+    llm = LLM(model_dir, **engine_args(w, s, model_dir, dtype, str(device)))
+    with profiler(device) as prof:
+        _, profiled_tokens = prefill(llm, few)
     return dict(prefill_s=seconds, prompt_tokens_computed=computed, dense_flops=dense,
                 attention_flops=attn, dense_flop_s=dense / seconds,
                 matmul_peak_flop_s=peak, mfu=dense / seconds / peak,
-                mfu_with_attention=(dense + attn) / seconds / peak)
+                mfu_with_attention=(dense + attn) / seconds / peak,
+                profiled_prompts=len(few), profiled_tokens=profiled_tokens,
+                top_ops_ms=top_ops(prof, device, 1))
+
+
+def profiler(device: torch.device):
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    return profile(activities=activities)
 
 
 def bench_decode_overhead(model_dir: str, s: Sizes, vocab: int, dtype: str,
@@ -72,25 +138,44 @@ def bench_decode_overhead(model_dir: str, s: Sizes, vocab: int, dtype: str,
     The step time comes from the same number of steps run without the profiler, so the
     profiler's overhead does not inflate the share; its own wall-based share is reported too.
     """
-    from torch.profiler import ProfilerActivity, profile
-
-    llm = decoding_batch(model_dir, s, vocab, dtype, device)
+    llm = decoding_batch(model_dir, s, vocab, dtype, device, s.decode_batch)
     wall = timed_steps(llm, s.decode_batch, s.decode_steps)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities) as prof:
+    with profiler(device) as prof:
         prof_wall = timed_steps(llm, s.decode_batch, s.decode_steps)
-    mm_us, top = matmul_time(prof, device, s.decode_steps)
+    mm_us = matmul_us(prof, device)
     return dict(batch=s.decode_batch, steps=s.decode_steps, step_ms=wall / s.decode_steps * 1e3,
                 matmul_ms_per_step=mm_us / s.decode_steps / 1e3,
                 non_matmul_share=max(0.0, 1 - mm_us / 1e6 / wall),
                 non_matmul_share_profiled_wall=max(0.0, 1 - mm_us / 1e6 / prof_wall),
-                top_ops_ms_per_step=top)
+                top_ops_ms_per_step=top_ops(prof, device, s.decode_steps))
 
 
-def decoding_batch(model_dir: str, s: Sizes, vocab: int, dtype: str, device: torch.device) -> LLM:
-    """An LLM with decode_batch requests all past their prefill, the decode shape warmed."""
+def bench_decode_bound(model_dir: str, s: Sizes, facts: dict, dtype: str, device: torch.device,
+                       bandwidth: float, peak: float, batch: int) -> dict:
+    """A batch-`batch` decode step against the weight-streaming bound (weight bytes / bandwidth).
+
+    Also given: the bound with the KV the step reads added (each sequence's whole context; the
+    mean context over the timed steps), and the compute floor (dense FLOPs / matmul peak).
+    """
+    llm = decoding_batch(model_dir, s, facts["vocab_size"], dtype, device, batch)
+    step_s = timed_steps(llm, batch, s.decode_steps) / s.decode_steps
+    weights = weight_bytes_per_step(facts, dtype)
+    context = s.decode_prompt + DECODED_BEFORE_TIMING + s.decode_steps / 2
+    kv = batch * context * kv_bytes_per_token(model_dir, dtype)
+    flops = 2 * weights / torch_dtype(dtype).itemsize * batch
+    return dict(batch=batch, steps=s.decode_steps, step_ms=step_s * 1e3, weight_bytes=weights,
+                kv_bytes=int(kv), bandwidth_bytes_s=bandwidth,
+                weight_bound_ms=weights / bandwidth * 1e3,
+                weight_kv_bound_ms=(weights + kv) / bandwidth * 1e3,
+                compute_floor_ms=flops / peak * 1e3,
+                over_weight_bound=step_s / (weights / bandwidth))
+
+
+def decoding_batch(model_dir: str, s: Sizes, vocab: int, dtype: str, device: torch.device,
+                   n: int) -> LLM:
+    """An LLM with n requests all past their prefill, the decode shape warmed."""
     rng = np.random.default_rng(3)
-    n, new = s.decode_batch, 3 * s.decode_steps + 8
+    new = 3 * s.decode_steps + 8
     llm = LLM(model_dir, block_size=16, max_num_seqs=n, max_num_batched_tokens=s.max_batched_tokens,
               num_kv_blocks=n * (-(-(s.decode_prompt + new) // 16)), dtype=dtype, device=str(device))
     params = SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True)
@@ -98,7 +183,7 @@ def decoding_batch(model_dir: str, s: Sizes, vocab: int, dtype: str, device: tor
         llm.add_request(random_tokens(rng, s.decode_prompt, vocab), params)
     while llm.stats()["generation_tokens"] < n:
         llm.step()
-    for _ in range(2):
+    for _ in range(DECODED_BEFORE_TIMING - 1):
         llm.step()
     return llm
 
@@ -117,11 +202,17 @@ def timed_steps(llm: LLM, n: int, steps: int) -> float:
     return statistics.median(times) * steps
 
 
-def matmul_time(prof, device: torch.device, steps: int) -> tuple[float, dict]:
-    """(matmul self time in µs, the top ops by self time in ms per step)."""
+def self_times_us(prof, device: torch.device) -> list[tuple[str, float]]:
     on_gpu = device.type == "cuda"
-    rows = [(evt.key, evt.self_device_time_total if on_gpu else evt.self_cpu_time_total)
+    return [(evt.key, evt.self_device_time_total if on_gpu else evt.self_cpu_time_total)
             for evt in prof.key_averages()]
-    mm = sum(us for key, us in rows if key in MATMUL_OPS)
-    top = dict(sorted(((k, u / 1e3 / steps) for k, u in rows), key=lambda r: -r[1])[:8])
-    return mm, top
+
+
+def matmul_us(prof, device: torch.device) -> float:
+    return sum(us for key, us in self_times_us(prof, device) if key in MATMUL_OPS)
+
+
+def top_ops(prof, device: torch.device, per: int, n: int = 8) -> dict:
+    """The top n ops by self time, in ms per `per` (steps, or 1 for the whole run)."""
+    rows = sorted(self_times_us(prof, device), key=lambda r: -r[1])[:n]
+    return {k: us / 1e3 / per for k, us in rows}

@@ -23,6 +23,7 @@ class RunResult:
     settings: str
     compute_threads: int | None = None  # the intra-op threads it really ran with, when known
     extra: dict = field(default_factory=dict)
+    load: dict | None = None       # the machine's load meanwhile (machine_load.measure_load)
 
     @property
     def out_tps(self) -> float:

@@ -1,12 +1,27 @@
 """Sizes, the random Qwen3 checkpoint every system loads, and the prompts of each workload."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 
 HF_PAGE_SIZE = 256  # transformers' default page_size for continuous batching
+
+# The model shapes ``--model-sizes`` names; random weights, built on the fly (never downloaded).
+MODEL_SHAPES = {
+    # The bench's own small Qwen3 (its cost is dominated by a 16M-parameter embedding).
+    "42m": dict(vocab_size=32000, hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
+                num_attention_heads=8, num_key_value_heads=4, head_dim=64),
+    # Qwen3-0.6B's shape (its config.json: tied embeddings, rope_theta 1e6, rms_norm_eps 1e-6).
+    "0.6b": dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072,
+                 num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                 head_dim=128),
+    # --quick's ~8M model.
+    "8m": dict(vocab_size=16000, hidden_size=256, intermediate_size=1024, num_hidden_layers=4,
+               num_attention_heads=4, num_key_value_heads=2, head_dim=64),
+}
+SCALES = {"full": 1, "quarter": 4}  # the divisor of the number of requests
 
 
 @dataclass
@@ -27,19 +42,21 @@ class Sizes:
     decode_steps: int = 10
     matmul_n: int = 1024
     max_batched_tokens: int = 2048
-    model: dict = field(default_factory=lambda: dict(
-        vocab_size=32000, hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
-        num_attention_heads=8, num_key_value_heads=4, head_dim=64))
+    model: dict = field(default_factory=lambda: dict(MODEL_SHAPES["42m"]))
 
     @classmethod
     def quick(cls) -> "Sizes":
         # A smaller model too (~8M params), so the in-process part fits in < 2 min on 2 cores.
         return cls(num_requests=16, a_prompt_min=32, a_prompt_max=256, a_new_tokens=32,
                    b_prefix=256, b_suffix=16, b_new_tokens=16, hash_prompt=1024, hash_reps=50,
-                   decode_steps=5, model=dict(
-                       vocab_size=16000, hidden_size=256, intermediate_size=1024,
-                       num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                       head_dim=64))
+                   decode_steps=5, model=dict(MODEL_SHAPES["8m"]))
+
+    def scaled(self, scale: str) -> "Sizes":
+        """``quarter``: a quarter of the requests (the prompts keep their lengths)."""
+        return replace(self, num_requests=max(1, self.num_requests // SCALES[scale]))
+
+    def with_model(self, shape: dict) -> "Sizes":
+        return replace(self, model=dict(shape))
 
 
 @dataclass
@@ -133,6 +150,7 @@ def model_facts(model_dir: str) -> dict:
     untied_head = head.numel() if head.data_ptr() != embed.data_ptr() else 0
     return dict(params=total, params_without_embedding=total - embed.numel() - untied_head,
                 vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
+                intermediate_size=cfg.intermediate_size,
                 num_layers=cfg.num_hidden_layers, num_heads=cfg.num_attention_heads,
                 num_kv_heads=cfg.num_key_value_heads,
                 head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)

@@ -1,7 +1,8 @@
 """Smoke test of bench.py: the whole benchmark end to end at a tiny size (ours + HF peers).
 
 It checks that every part runs, that every system decodes the same tokens as ours, and that
-the report has every row and target; it says nothing about speed. vLLM is not run here (it
+the report has every row and target; it says nothing about speed. The size and dtype options
+run on tiny stand-in shapes (the real 0.6B shape is only counted, on the meta device). vLLM is not run here (it
 needs its own venv and ~2 min to start); its spec is checked against the workloads instead.
 """
 from __future__ import annotations
@@ -9,14 +10,17 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 import bench
+from benchmarks.ours_profile import weight_bytes_per_step
 from benchmarks.peer_vllm import VllmPeer, compute_threads_from_log
 from benchmarks.report import compare_tokens
-from benchmarks.targets import TARGETS
-from benchmarks.workloads import Sizes, build_checkpoint, workload_no_sharing, workload_shared_prefix
+from benchmarks.targets import TARGETS, USER_SIZE_TARGETS
+from benchmarks.workloads import (MODEL_SHAPES, Sizes, build_checkpoint, workload_no_sharing,
+                                  workload_shared_prefix)
 
-SYSTEMS = ("ours", "HF generate_batch", "HF generate (padded)")
+SYSTEMS = ("ours", "ours (plain)", "HF generate_batch", "HF generate (padded)")
 WORKLOADS = ("(a) no sharing", "(b) shared prefix")
 
 
@@ -35,14 +39,14 @@ def bench_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "bench.json"
     report = bench.main(["--threads", "default,1", "--peers", "hf", "--profile", "--json", str(out)],
                         sizes=tiny_sizes())
-    return report, out
+    return report["sections"][0], out
 
 
 def table_rows(printed: str) -> set[tuple[str, str, str]]:
     rows = set()
     for line in printed.splitlines():
         cells = [c.strip() for c in line.strip("|").split("|")]
-        if line.startswith("| (") and len(cells) == 10:
+        if line.startswith("| (") and len(cells) == 11:
             rows.add(tuple(cells[:3]))
     return rows
 
@@ -55,7 +59,8 @@ def test_report_has_every_row(bench_run):
     for run in report["runs"]:
         assert run["out_tok_s"] > 0 and run["output_tokens"] == 4 * 4
         assert run["compute_threads"] >= 1
-    assert json.loads(out.read_text())["runs"] == json.loads(json.dumps(report["runs"], default=str))
+    written = json.loads(out.read_text())["sections"][0]["runs"]
+    assert written == json.loads(json.dumps(report["runs"], default=str))
 
 
 def test_printed_table_has_every_row(tmp_path, capsys):
@@ -68,7 +73,8 @@ def test_printed_table_has_every_row(tmp_path, capsys):
 
 def test_every_peer_decodes_like_ours(bench_run):
     report, _ = bench_run
-    assert len(report["agreement"]) == 2 * 2 * 2 + 2  # HF rows, plus the busy-neighbour rows
+    # HF and plain rows (2 workloads x 2 thread configurations x 3), plus the busy-neighbour rows
+    assert len(report["agreement"]) == 2 * 2 * 3 + 2
     for a in report["agreement"]:
         assert a["identical"] == a["total"] == 4, a
         assert a["first_mismatch"] is None
@@ -98,6 +104,18 @@ def test_targets_each_judged_once(bench_run):
     assert 0 < report["prefill"]["mfu"] and 0 <= report["decode"]["non_matmul_share"] <= 1
 
 
+def test_profile_by_phase(bench_run):
+    report, _ = bench_run
+    peaks, bandwidth = report["peaks"], report["bandwidth"]
+    assert peaks["peak_flop_s"] == max(peaks["square_flop_s"], peaks["model_shaped_flop_s"]) > 0
+    assert bandwidth["bytes_s"] == max(bandwidth["read_bytes_s"], bandwidth["copy_bytes_s"]) > 0
+    assert [d["batch"] for d in report["decode_bounds"]] == [1, 4]
+    for d in report["decode_bounds"]:
+        assert d["weight_bytes"] == weight_bytes_per_step(report["model"], "float32")
+        assert d["weight_kv_bound_ms"] > d["weight_bound_ms"] > 0 and d["over_weight_bound"] > 0
+    assert report["prefill"]["profiled_tokens"] > 0 and report["prefill"]["top_ops_ms"]
+
+
 def test_compare_tokens_names_the_first_mismatch():
     identical, first = compare_tokens([[5, 6, 7], [1, 2, 3], [4, 4]], [[5, 6, 7], [1, 9, 3], [4, 0]])
     assert identical == 1
@@ -124,10 +142,87 @@ def test_vllm_binding_read_from_its_log(tmp_path):
     assert compute_threads_from_log(str(log)) is None
 
 
+# ----------------------------------------------------------------------------- sizes and dtypes
+
+STAND_INS = {  # two tiny shapes standing in for 42m and 0.6b (the second tied, wider, deeper)
+    "tiny": tiny_sizes().model,
+    "tiny-wide": dict(vocab_size=640, hidden_size=96, intermediate_size=192, num_hidden_layers=3,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=32),
+}
+
+
+@pytest.fixture(scope="module")
+def sizes_run(tmp_path_factory):
+    md = tmp_path_factory.mktemp("md") / "results.md"
+    argv = ["--model-sizes", "tiny,tiny-wide:float32", "--dtypes", "float32,bfloat16",
+            "--threads", "1", "--peers", "hf-padded", "--no-busy-neighbour", "--no-hashing",
+            "--markdown", str(md)]
+    return bench.main(argv, sizes=tiny_sizes(), shapes=STAND_INS), md
+
+
+def test_every_size_and_dtype_is_a_section(sizes_run):
+    report, _ = sizes_run
+    got = [(s["model_size"], s["dtype"]) for s in report["sections"]]
+    assert got == [("tiny", "float32"), ("tiny", "bfloat16"), ("tiny-wide", "float32")]
+    params = {s["model_size"]: s["model"]["params"] for s in report["sections"]}
+    assert params["tiny"] < params["tiny-wide"]
+    for sec in report["sections"]:
+        systems = {(r["workload"], r["system"]) for r in sec["runs"]}
+        assert systems == {(w, s) for w in WORKLOADS
+                           for s in ("ours", "ours (plain)", "HF generate (padded)")}
+
+
+def test_float32_tokens_equal_across_paths_and_peers(sizes_run):
+    report, _ = sizes_run
+    for sec in report["sections"]:
+        if sec["dtype"] == "float32":
+            assert all(a["identical"] == a["total"] for a in sec["agreement"]), sec["agreement"]
+
+
+def test_markdown_has_the_summary_and_every_section(sizes_run):
+    _, md = sizes_run
+    text = md.read_text()
+    assert text.startswith("# Benchmark results") and "--model-sizes tiny,tiny-wide:float32" in text
+    for title in ("tiny, float32, full scale", "tiny, bfloat16, full scale",
+                  "tiny-wide, float32, full scale"):
+        assert f"## {title}" in text
+    summary = text.split("## Summary")[1].split("\n## ")[0]
+    rows = [line for line in summary.splitlines() if line.startswith("| tiny")]
+    assert len(rows) == 3 * 2  # every section x workload, one thread configuration
+    assert "(run still in progress)" not in text
+
+
+def test_qwen3_06b_shape_counts_its_parameters():
+    """Qwen3-0.6B: 0.6B parameters, 0.44B without the (tied) embedding; counted on meta."""
+    from transformers import AutoModelForCausalLM, Qwen3Config
+    cfg = Qwen3Config(**MODEL_SHAPES["0.6b"], tie_word_embeddings=True)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg)
+    total = sum(p.numel() for p in model.parameters())
+    embedding = model.get_input_embeddings().weight.numel()
+    assert round(total / 1e9, 2) == 0.60 and round((total - embedding) / 1e9, 2) == 0.44
+    facts = dict(params_without_embedding=total - embedding, vocab_size=151936, hidden_size=1024)
+    assert round(weight_bytes_per_step(facts, "bfloat16") / 1e9, 1) == 1.2  # issue 20's 1.2 GB
+
+
+def test_quarter_scale_and_user_size_targets():
+    assert Sizes().scaled("quarter").num_requests == 16
+    assert Sizes().scaled("full") == Sizes()
+    args = bench.parse_args(["--model-sizes", "42m:float32,0.6b", "--dtypes", "bfloat16"])
+    assert args.combos == [("42m", "float32"), ("0.6b", "bfloat16")]
+    from benchmarks.targets import targets_for
+    assert targets_for("0.6b", "bfloat16") == TARGETS + USER_SIZE_TARGETS
+    assert targets_for("42m", "bfloat16") == TARGETS
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--peers", "vllm"], "needs --vllm-python"),
     (["--peers", "hf,sglang"], "unknown peer"),
     (["--threads", "two"], "neither 'default' nor a thread count"),
+    (["--model-sizes", "7b"], "unknown size '7b'"),
+    (["--model-sizes", "42m:float16"], "unknown dtype"),
+    (["--dtypes", "float32,int8"], "--dtypes"),
+    (["--model-sizes", "42m", "--model", "/some/dir"], "cannot go with --model"),
 ])
 def test_bad_flags_are_named(argv, message, capsys):
     with pytest.raises((SystemExit, ValueError)) as err:
