@@ -1,0 +1,210 @@
+"""``run.py --html``: the step-through page, loaded in a real browser (Debian's headless
+``chromium``, driven over the DevTools protocol on a pipe), shows at each step exactly what the
+engines held after that step: their hash counters and every sequence's block table."""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from teaching import step_page
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+class Browser:
+    """Headless Chromium driven over the DevTools protocol on fds 3 (commands) and 4 (replies)."""
+
+    def __init__(self, profile: Path) -> None:
+        binary = step_page.find_chromium()
+        assert binary, "chromium is needed (Debian: apt-get install chromium; .ci/run installs it)"
+        cmd_read, self.cmd_write = os.pipe()
+        self.reply_read, reply_write = os.pipe()
+
+        def wire_pipe():  # in the child: the protocol's fixed fds 3 and 4
+            high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 10) for fd in (cmd_read, reply_write)]
+            os.dup2(high[0], 3)
+            os.dup2(high[1], 4)
+        self.proc = subprocess.Popen(
+            [binary, "--headless", "--no-sandbox", "--disable-gpu", "--remote-debugging-pipe",
+             f"--user-data-dir={profile}", "--window-size=1400,1000", "about:blank"],
+            preexec_fn=wire_pipe, close_fds=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        os.close(cmd_read)
+        os.close(reply_write)
+        self.next_id, self.buffer, self.session = 0, b"", None
+
+    def call(self, method: str, **params) -> dict:
+        self.next_id += 1
+        message = dict(id=self.next_id, method=method, params=params)
+        if self.session and not method.startswith("Target."):
+            message["sessionId"] = self.session
+        os.write(self.cmd_write, json.dumps(message).encode() + b"\0")
+        while True:
+            reply = self._read_message()
+            if reply.get("id") == self.next_id:
+                assert "error" not in reply, reply
+                return reply["result"]
+
+    def _read_message(self) -> dict:
+        while b"\0" not in self.buffer:
+            chunk = os.read(self.reply_read, 1 << 16)
+            assert chunk, "chromium closed the DevTools pipe"
+            self.buffer += chunk
+        raw, self.buffer = self.buffer.split(b"\0", 1)
+        return json.loads(raw)
+
+    def open(self, url: str) -> None:
+        """A fresh tab on ``url``, loaded and drawn."""
+        target = self.call("Target.createTarget", url=url)["targetId"]
+        self.session = self.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
+        for _ in range(200):
+            if self.js("document.readyState === 'complete' && document.getElementById('step-label')"
+                       ".textContent !== ''"):
+                return
+        raise AssertionError(f"{url} did not load")
+
+    def js(self, expression: str):
+        result = self.call("Runtime.evaluate", expression=expression, returnByValue=True)["result"]
+        return result.get("value")
+
+    def shown(self) -> dict:
+        """What the page shows now, as text read off the DOM."""
+        return json.loads(self.js(READ_PAGE))
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=20)
+        os.close(self.cmd_write)
+        os.close(self.reply_read)
+
+
+READ_PAGE = """JSON.stringify({
+  label: document.getElementById('step-label').textContent,
+  hash: location.hash,
+  counters: Object.fromEntries([...document.querySelectorAll('#counter-rows td[id]')]
+                                .map(td => [td.id, td.textContent])),
+  seqs: [...document.querySelectorAll('.seq')].map(s => [s.querySelector('.seq-id').textContent,
+                                                           s.querySelector('.seq-table').textContent]),
+  pool: [...document.querySelectorAll('.block')].map(b => [b.querySelector('.block-id').textContent,
+                                                           b.querySelector('.block-ref').textContent]),
+  events: Object.fromEntries(['recompute', 'incremental'].map(s => [s,
+    [...document.querySelectorAll('#events-' + s + ' li b')].map(b => b.textContent)])),
+})"""
+
+
+@pytest.fixture(scope="module")
+def recorded(llama_dir, tmp_path_factory):
+    """The page's run, and what the engines themselves held after every step."""
+    truth = {}
+
+    def keep(strategy, step, llm):
+        seqs = list(llm.scheduler.running) + list(llm.scheduler.waiting)
+        truth[strategy, step] = dict(
+            hashes=llm.prefix_cache.hash_computations, stats=llm.stats(),
+            tables=[(s.request_id, list(s.block_table)) for s in seqs],
+            refs=[b.ref_count for b in llm.block_manager.blocks],
+            kinds=Counter(e.kind for e in llm.prefix_cache.events[keep.seen[strategy]:]))
+        keep.seen[strategy] = len(llm.prefix_cache.events)
+    keep.seen = dict.fromkeys(step_page.STRATEGIES, 0)
+    data = step_page.record(llama_dir, dict(device="cpu", dtype="float32"), on_step=keep)
+    page = tmp_path_factory.mktemp("page") / "steps.html"
+    page.write_text(step_page.render(data), encoding="utf-8")
+    return data, truth, page
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    b = Browser(tmp_path_factory.mktemp("chromium-profile"))
+    yield b
+    b.close()
+
+
+def step_of(truth: dict, strategy: str, kind: str) -> int:
+    """The first step at which the engine recorded an event of ``kind``."""
+    return min(step for (s, step), t in truth.items() if s == strategy and t["kinds"][kind])
+
+
+def assert_shows(shown: dict, truth: dict, step: int, view: str, steps: int) -> None:
+    """The page's text at ``step`` equals what the engines held after that step."""
+    assert shown["label"] == f"step {step} of {steps}"
+    assert shown["hash"] == f"#step={step}"
+    for strategy in step_page.STRATEGIES:
+        t = truth[strategy, step]
+        calls = t["hashes"] - (truth[strategy, step - 1]["hashes"] if step > 1 else 0)
+        assert shown["counters"][f"hash_computations-{strategy}"] == str(t["hashes"])
+        assert shown["counters"][f"hash_step-{strategy}"] == str(calls)
+        for key in ("evictions", "preemptions", "prefix_cache_hits"):
+            assert shown["counters"][f"{key}-{strategy}"] == str(t["stats"][key])
+        events = shown["events"][strategy]  # "reuse": a hash event that read the chain, no call
+        assert Counter("hash" if kind == "reuse" else kind for kind in events) == t["kinds"]
+        assert events.count("hash") == calls
+    tables = [(re.fullmatch(r"request (\S+)", seq)[1], [int(b) for b in re.findall(r"\d+", table)])
+              for seq, table in shown["seqs"]]
+    assert tables == truth[view, step]["tables"]
+    assert [int(ref.split()[1]) for _, ref in shown["pool"]] == truth[view, step]["refs"]
+
+
+def first_preemption(truth: dict) -> int:
+    return min(step for (s, step), t in truth.items() if s == "incremental" and t["stats"]["preemptions"])
+
+
+def test_workload_plays_every_scene(recorded):
+    data, truth, _ = recorded
+    last = len(data["steps"])
+    for strategy in step_page.STRATEGIES:
+        kinds = sum((t["kinds"] for (s, _), t in truth.items() if s == strategy), Counter())
+        assert {"hash", "hit", "miss", "wait", "save", "twin", "evict"} <= set(kinds), kinds
+        assert truth[strategy, last]["stats"]["preemptions"] >= 1
+    assert truth["recompute", last]["hashes"] > truth["incremental", last]["hashes"]
+    follow_up = [s for s in data["steps"] if s["incremental"]["scene"] == "follow-up"]
+    decode_hits = [e for s in follow_up for e in s["incremental"]["events"]
+                   if e["kind"] == "hit" and (e["index"] + 1) * 4 > 19]  # request 0's prompt: 19 tokens
+    assert decode_hits, "the follow-up turn hits a block completed during decode"
+
+
+def test_page_fetches_nothing(recorded):
+    html = recorded[2].read_text()
+    for needle in ("http://", "https://", " src=", "<link", "fetch(", "XMLHttpRequest", "import("):
+        assert needle not in html
+
+
+@pytest.mark.parametrize("event", ["wait", "twin", "evict"])
+def test_page_opened_at_a_step_shows_the_engines_state(recorded, browser, event):
+    data, truth, page = recorded
+    step = step_of(truth, "incremental", event)
+    browser.open(f"{page.as_uri()}#step={step}")
+    assert_shows(browser.shown(), truth, step, "incremental", len(data["steps"]))
+    assert event in browser.shown()["events"]["incremental"]
+    browser.js("document.getElementById('view-recompute').click()")
+    assert_shows(browser.shown(), truth, step, "recompute", len(data["steps"]))
+
+
+def test_buttons_and_slider_step_through_the_run(recorded, browser):
+    data, truth, page = recorded
+    steps = len(data["steps"])
+    browser.open(page.as_uri())
+    assert_shows(browser.shown(), truth, 1, "incremental", steps)
+    for step in range(2, steps + 1):
+        browser.js("document.getElementById('next').click()")
+        assert_shows(browser.shown(), truth, step, "incremental", steps)
+    browser.js("document.getElementById('next').click()")  # past the end: stays on the last step
+    assert browser.shown()["label"] == f"step {steps} of {steps}"
+    browser.js("document.getElementById('prev').click()")
+    assert_shows(browser.shown(), truth, steps - 1, "incremental", steps)
+    preempted = first_preemption(truth)
+    browser.js(f"const s = document.getElementById('slider'); s.value = {preempted};"
+               "s.dispatchEvent(new Event('input'))")
+    assert_shows(browser.shown(), truth, preempted, "incremental", steps)
+
+
+def test_screenshot_of_one_step(recorded, tmp_path):
+    data, _, page = recorded
+    png = tmp_path / "step.png"
+    step_page.screenshot(page, png, step_page.busiest_step(data))
+    assert png.read_bytes()[:8] == PNG and png.stat().st_size > 20_000
