@@ -1,19 +1,55 @@
 """What the engine reads from a checkpoint directory besides the weights (model.py loads those):
-the tokenizer, generation_config.json (sampling defaults, EOS ids) and the chat template."""
+the tokenizer, generation_config.json (sampling defaults, EOS ids) and the chat template.
+
+Optional inputs fail loudly when they are *named*: a checkpoint without a tokenizer runs on
+token ids, but ``tokenizer=<dir>`` that holds none, a ``generation_config=<dir>`` that does
+not exist, a chat template path that cannot be opened, or a side file that is not valid
+JSON raises, naming the path.
+"""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from api.intake import TokensPrompt
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+TEMPLATE_MARKERS = ("{", "}", "\n")  # what a template that uses the conversation contains
+
 
 def load_tokenizer(path: Path):
-    names = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-    if not any((path / n).is_file() for n in names):
+    """The checkpoint's tokenizer, or None when the directory holds no tokenizer files."""
+    if not any((path / n).is_file() for n in TOKENIZER_FILES):
         return None
     from transformers import AutoTokenizer
     return AutoTokenizer.from_pretrained(path)
+
+
+def check_tokenizer_dir(tokenizer: str | os.PathLike) -> None:
+    """``tokenizer=`` must name a local directory with tokenizer files (no download here)."""
+    path = Path(tokenizer)
+    if not path.is_dir():
+        raise FileNotFoundError(f"tokenizer={str(tokenizer)!r}: no such directory (this engine "
+                                f"loads tokenizers from local directories only)")
+    if not any((path / n).is_file() for n in TOKENIZER_FILES):
+        raise FileNotFoundError(f"tokenizer={str(tokenizer)!r}: the directory holds no "
+                                f"tokenizer files ({', '.join(TOKENIZER_FILES)})")
+
+
+def check_generation_config_dir(source: str | os.PathLike) -> None:
+    """``generation_config=<dir>`` must hold a readable generation_config.json."""
+    _read_json(Path(source) / "generation_config.json", f"generation_config={str(source)!r}")
+
+
+def _read_json(path: Path, what: str) -> dict:
+    """A JSON side file, or an error that names it."""
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{what}: {path} does not exist") from None
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{what}: cannot read {path}: {exc}") from None
 
 
 def generation_config(model_path: Path, source: str, overrides: dict) -> dict:
@@ -23,10 +59,8 @@ def generation_config(model_path: Path, source: str, overrides: dict) -> dict:
     found = {}
     if folder is not None:
         path = folder / "generation_config.json"
-        if source not in ("auto", "vllm") and not path.is_file():
-            raise FileNotFoundError(f"generation_config={source!r}: no generation_config.json there")
-        if path.is_file():
-            found = json.loads(path.read_text())
+        if source != "auto" or path.is_file():
+            found = _read_json(path, f"generation_config={str(source)!r}")
     return {**found, **overrides}
 
 
@@ -35,18 +69,30 @@ def eos_token_ids(path: Path, model_config) -> tuple[int, ...]:
     then none, as HF ``generate`` and vLLM do), else from config.json."""
     gen = path / "generation_config.json"
     if gen.is_file():
-        eos = json.loads(gen.read_text()).get("eos_token_id")
+        eos = _read_json(gen, "the checkpoint's generation config").get("eos_token_id")
         if eos is None:
             return ()
         return tuple(eos) if isinstance(eos, list) else (int(eos),)
     return model_config.eos_token_ids
 
 
-def read_template(template: str | None) -> str | None:
-    """A chat template given as text, or as the path of a file holding it."""
-    if template is not None and "{" not in template and Path(template).is_file():
+def read_template(template: str | os.PathLike | None) -> str | None:
+    """A chat template given as Jinja text, or as the path of a file holding it.
+
+    Path or text is decided by content, not by whether a file happens to exist: a string
+    without braces or a newline cannot be a template that uses the conversation, so it is a
+    path, and one that cannot be opened raises (as vLLM's "looks like a file path, but it
+    failed to be opened"). A ``Path`` is always a path."""
+    if template is None:
+        return None
+    if isinstance(template, str) and any(m in template for m in TEMPLATE_MARKERS):
+        return template
+    try:
         return Path(template).read_text()
-    return template
+    except OSError as exc:
+        raise ValueError(f"chat_template={str(template)!r} looks like a file path, but it failed "
+                         f"to be opened: {exc.strerror or exc} (a template given as text must "
+                         f"contain Jinja markers such as '{{{{ ... }}}}')") from None
 
 
 def render_chat(tokenizer, conversation, template: str | None, add_generation_prompt: bool,

@@ -1,12 +1,23 @@
 """The engine's configuration: ``EngineConfig``, the fields ``LLM(model, **kwargs)`` sets (after
-``api/engine_args.py`` has sorted vLLM's argument names). Checked once, at construction."""
+``api/engine_args.py`` has sorted vLLM's argument names). Checked once, at construction.
+
+As in vLLM, ``None`` for a field means that field's default (lm-eval and TRL pass
+``max_num_seqs=None``), except where None is itself a setting: the fields whose default is
+None, and ``seed`` (None: unseeded). Optional inputs that name files -- ``tokenizer``,
+``chat_template`` given as a path, ``generation_config`` given as a directory -- are opened
+here, so a wrong path fails at start-up naming it instead of being silently ignored.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 
+from api.checkpoint_files import check_generation_config_dir, check_tokenizer_dir, read_template
 from prefix_cache import HASH_STRATEGIES
 
-LOGPROBS_MODES = ("raw_logprobs",)
+# What logprobs are of (vLLM's logprobs_mode): the raw model output, or what sampling drew
+# from after penalties, bias, temperature, min_p, top-k and top-p; as logprobs or logits.
+LOGPROBS_MODES = ("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits")
+NONE_IS_A_SETTING = {"seed"}  # fields whose None means something other than the default
 
 
 @dataclass
@@ -33,8 +44,10 @@ class EngineConfig:
     chat_template: str | None = None        # a Jinja template (or a file) for chat()
     generation_config: str = "auto"         # "auto" (the model's), "vllm" (none), or a dir
     override_generation_config: dict = field(default_factory=dict)
+    profiler_config: object = None          # ProfilerConfig / dict: where start_profile writes
 
     def __post_init__(self) -> None:
+        self._fill_defaults_for_none()
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -57,7 +70,27 @@ class EngineConfig:
         if not isinstance(self.max_logprobs, int) or self.max_logprobs < -1:
             raise ValueError(f"max_logprobs must be an integer >= -1, got {self.max_logprobs!r}")
         if self.logprobs_mode not in LOGPROBS_MODES:
-            raise ValueError(f"logprobs_mode={self.logprobs_mode!r} is not supported: logprobs "
-                             f"are always of the raw model distribution ('raw_logprobs')")
+            raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got "
+                             f"{self.logprobs_mode!r}")
         if not isinstance(self.override_generation_config, dict):
             raise ValueError("override_generation_config must be a dict")
+        self._check_side_files()
+
+    def _fill_defaults_for_none(self) -> None:
+        """None means "the default" (vLLM's convention), where None is not itself a setting."""
+        for spec in fields(self):
+            if getattr(self, spec.name) is not None or spec.name in NONE_IS_A_SETTING:
+                continue
+            if spec.default_factory is not MISSING:
+                setattr(self, spec.name, spec.default_factory())
+            elif spec.default is not None:
+                setattr(self, spec.name, spec.default)
+
+    def _check_side_files(self) -> None:
+        """Open the optional inputs that name files now, so a wrong path fails at start-up."""
+        if self.tokenizer is not None and not self.skip_tokenizer_init:
+            check_tokenizer_dir(self.tokenizer)
+        if self.chat_template is not None:
+            read_template(self.chat_template)
+        if self.generation_config not in ("auto", "vllm"):
+            check_generation_config_dir(self.generation_config)

@@ -12,7 +12,12 @@ runs unchanged. Each name is one of:
 - unsupported: what this engine truly cannot do (tensor parallelism > 1, LoRA, quantized
   weights, ...): accepted at its default only, otherwise a ``ValueError`` that says why.
 
-Any other name is a ``TypeError``, as in vLLM.
+Any other name is a ``TypeError``, as in vLLM. ``None`` for any of them means "the default"
+(vLLM's convention; lm-eval and TRL pass ``max_num_seqs=None``): a neutral or unsupported
+argument given None is accepted, and ``EngineConfig`` fills its own fields given None.
+
+``EngineArgs.add_cli_args`` gives ``--model`` a default (the shipped demo model, where vLLM
+names a hub model), so ``parser.set_defaults(model=...)`` works as in vLLM's examples.
 """
 from __future__ import annotations
 
@@ -20,9 +25,13 @@ import argparse
 import dataclasses
 from dataclasses import dataclass
 
+from pathlib import Path
+
 from api.config import EngineConfig
 
 ONE_DEVICE = "this engine runs in one process on one device"
+DEMO_MODEL = str(Path(__file__).resolve().parent.parent / "demo_model")
+LORA_OFF = "LoRA is off (enable_lora=True is refused), so LoRA sizes change nothing"
 
 
 @dataclass(frozen=True)
@@ -77,7 +86,28 @@ NEUTRAL = {
     "scheduling_policy": Neutral("requests are scheduled first come, first served", ("fcfs",)),
     "runner": Neutral("the engine generates text", ("auto", "generate")),
     "convert": Neutral("the engine generates text", ("auto", "none")),
-    "model_impl": Neutral("the engine's own decoder is the only implementation", ("auto",)),
+    "model_impl": Neutral("the engine's own decoder is the only implementation",
+                          ("auto", "vllm")),
+    "max_loras": Neutral(LORA_OFF),
+    "max_lora_rank": Neutral(LORA_OFF),
+    "max_cpu_loras": Neutral(LORA_OFF),
+    "lora_dtype": Neutral(LORA_OFF),
+    "fully_sharded_loras": Neutral(LORA_OFF),
+    "structured_outputs_config": Neutral("structured outputs are refused per request, so "
+                                         "their backend changes nothing"),
+    "guided_decoding_backend": Neutral("structured outputs are refused per request, so "
+                                       "their backend changes nothing"),
+    "reasoning_parser": Neutral("there is no server to parse reasoning for"),
+    "enable_log_requests": Neutral("the engine logs no requests"),
+    "disable_log_requests": Neutral("the engine logs no requests"),
+    "attention_backend": Neutral("the engine's own paged attention is the only backend"),
+    "attention_config": Neutral("the engine's own paged attention is the only backend"),
+    "disable_cascade_attn": Neutral("the engine has no cascade attention"),
+    "max_num_partial_prefills": Neutral("prefill is always chunked to max_num_batched_tokens"),
+    "long_prefill_token_threshold": Neutral("prefill is always chunked to "
+                                            "max_num_batched_tokens"),
+    "tokenizer_pool_size": Neutral("the tokenizer runs in this process"),
+    "seed_everything": Neutral("the engine seeds its own sampler from seed"),
     "disable_sliding_window": Neutral("sliding windows follow the checkpoint", (False,)),
     "allowed_local_media_path": Neutral("multimodal inputs are not supported", ("",)),
     "shutdown_timeout": Neutral("there is no engine process to shut down"),
@@ -89,8 +119,7 @@ UNSUPPORTED = {
                                 "float32 / bfloat16 / float16 from safetensors"),
     "quantization_config": Unsupported("quantized weights are not supported"),
     "enable_lora": Unsupported("LoRA adapters are not supported", (None, False)),
-    "max_loras": Unsupported("LoRA adapters are not supported", (None, 1)),
-    "max_lora_rank": Unsupported("LoRA adapters are not supported", (None, 16)),
+    "enable_prompt_embeds": Unsupported("prompt embeddings are not supported", (None, False)),
     "speculative_config": Unsupported("speculative decoding is not supported"),
     "spec_method": Unsupported("speculative decoding is not supported"),
     "spec_model": Unsupported("speculative decoding is not supported"),
@@ -131,7 +160,7 @@ def translate_engine_args(kwargs: dict, own_fields) -> dict:
 
 
 def _check_neutral(name: str, value, rule: Neutral) -> None:
-    if rule.values is not None and value not in rule.values:
+    if value is not None and rule.values is not None and value not in rule.values:
         allowed = ", ".join(repr(v) for v in rule.values)
         raise ValueError(f"{name}={value!r} is not supported: {rule.why} (accepted: {allowed})")
 
@@ -145,11 +174,24 @@ def _check_unsupported(name: str, value, rule: Unsupported) -> None:
 class EngineArgs:
     """vLLM's ``EngineArgs``: the model and engine arguments, checked when the engine is built
     (``LLMEngine.from_engine_args``). ``add_cli_args`` / ``from_cli_args`` cover the arguments
-    this engine implements."""
+    this engine implements and the vLLM names it accepts (see the tables above)."""
 
-    def __init__(self, model: str, **kwargs) -> None:
+    def __init__(self, model: str = DEMO_MODEL, **kwargs) -> None:
         self.model = model
         self.kwargs = kwargs
+
+    def __getattr__(self, name: str):
+        """An argument by name, as on vLLM's dataclass: given, else this engine's default."""
+        if name.startswith("__") or name == "kwargs":
+            raise AttributeError(name)
+        if name in self.kwargs:
+            return self.kwargs[name]
+        spec = EngineConfig.__dataclass_fields__.get(name)
+        if spec is not None and spec.default is not dataclasses.MISSING:
+            return spec.default
+        if name in NEUTRAL or name in UNSUPPORTED or name in RENAMED:
+            return None
+        raise AttributeError(f"EngineArgs has no argument {name!r}")
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.kwargs.items())
@@ -157,22 +199,51 @@ class EngineArgs:
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        parser.add_argument("--model", required=True, help="local Hugging Face checkpoint dir")
+        parser.add_argument("--model", default=DEMO_MODEL,
+                            help="local Hugging Face checkpoint dir (default: the demo model)")
         for name, spec in EngineConfig.__dataclass_fields__.items():
-            if spec.default is dataclasses.MISSING:
-                continue  # a dict (override_generation_config): Python only
-            flag, kind = f"--{name.replace('_', '-')}", _cli_type(str(spec.type))
+            if spec.default is dataclasses.MISSING or spec.type == "object":
+                continue  # a dict or config object (override_generation_config): Python only
+            flag, kind = _flag(name), _cli_type(str(spec.type))
             if kind is bool:
                 parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=spec.default)
             else:
                 parser.add_argument(flag, type=kind, default=spec.default)
+        for name in (*RENAMED, *NEUTRAL, *UNSUPPORTED):
+            parser.add_argument(_flag(name), type=_cli_value, nargs="?", const=True,
+                                default=None, help=argparse.SUPPRESS)  # None: not given
         return parser
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "EngineArgs":
         fields = EngineConfig.__dataclass_fields__
-        return cls(args.model, **{k: v for k, v in vars(args).items()
-                                  if k in fields and v != fields[k].default})
+        known = {*RENAMED, *NEUTRAL, *UNSUPPORTED}
+        given = {k: v for k, v in vars(args).items()
+                 if (k in fields and v != fields[k].default) or (k in known and v is not None)}
+        return cls(args.model, **given)
+
+
+class AsyncEngineArgs(EngineArgs):
+    """vLLM's ``AsyncEngineArgs``: the same arguments (this engine has no async front end;
+    ``AsyncLLMEngine`` refuses to start)."""
+
+
+def _flag(name: str) -> str:
+    return f"--{name.replace('_', '-')}"
+
+
+def _cli_value(text: str):
+    """A command-line value of a vLLM argument: an int, float, bool or None if it reads as
+    one, else the string (so ``--tensor-parallel-size 1`` is the neutral 1)."""
+    literals = {"true": True, "false": False, "none": None}
+    if text.lower() in literals:
+        return literals[text.lower()]
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
 def _cli_type(annotation: str) -> type:

@@ -7,19 +7,35 @@ to what ``max_model_len`` leaves, and ``n > 1`` becomes n child parameter sets.
 
 Prompts take vLLM's forms: a string, a ``TextPrompt`` / ``TokensPrompt`` dict (``prompt`` or
 ``prompt_token_ids``, optionally ``cache_salt``), or (our extra) a list / array / tensor of ids.
+vLLM's other prompt kinds (``EmbedsPrompt``, encoder-decoder prompts, multimodal data) are
+importable and refused at submission naming the feature; so are request options this engine
+does not serve (``reject_unsupported``: LoRA, priorities, ...).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TypedDict
+from typing import Any, TypedDict, Union
 
 import numpy as np
 import torch
 
+from api.beam import BEAM_SEARCH_REASON, BeamSearchParams
+from api.errors import VLLMValidationError, refuse
+from api.pooling import POOLING_REASON, PoolingParams
 from api.sampling_params import SamplingParams
 
 PROMPT_KEYS = {"prompt", "prompt_token_ids", "cache_salt", "multi_modal_data",
                "mm_processor_kwargs", "multi_modal_uuids"}
+# Prompt-dict keys of vLLM features this engine lacks -> (feature, reason).
+REFUSED_PROMPT_KEYS = {
+    "prompt_embeds": ("prompt embeddings", "prompts are token ids or text"),
+    "encoder_prompt": ("encoder-decoder prompts", "the engine runs decoder-only models"),
+    "decoder_prompt": ("encoder-decoder prompts", "the engine runs decoder-only models"),
+    "multi_modal_data": ("multimodal inputs", "the engine runs text-only models"),
+    "mm_processor_kwargs": ("multimodal inputs", "the engine runs text-only models"),
+    "multi_modal_uuids": ("multimodal inputs", "the engine runs text-only models"),
+    "data": ("data prompts", "prompts are token ids or text (no custom input processor)"),
+}
 
 
 class TextPrompt(TypedDict, total=False):
@@ -33,6 +49,55 @@ class TokensPrompt(TypedDict, total=False):
     prompt_token_ids: list[int]
     prompt: str
     cache_salt: str
+
+
+class EmbedsPrompt(TypedDict, total=False):
+    """vLLM's prompt given as embeddings: importable, refused at submission."""
+    prompt_embeds: Any
+    cache_salt: str
+
+
+class ExplicitEncoderDecoderPrompt(TypedDict, total=False):
+    """vLLM's encoder-decoder prompt: importable, refused at submission."""
+    encoder_prompt: Any
+    decoder_prompt: Any
+    mm_processor_kwargs: dict
+
+
+class DataPrompt(TypedDict, total=False):
+    """vLLM's prompt of raw data for a custom input processor: importable, refused."""
+    data: Any
+    data_format: str
+
+
+class TokensInput(TypedDict, total=False):
+    """vLLM's processed token input (``tokens_input`` builds one); usable as a prompt here."""
+    type: str
+    prompt_token_ids: list[int]
+    prompt: str
+    cache_salt: str
+
+
+class EmbedsInput(TypedDict, total=False):
+    """vLLM's processed embeddings input: importable, refused at submission."""
+    type: str
+    prompt_embeds: Any
+    cache_salt: str
+
+
+def tokens_input(prompt_token_ids: list[int], prompt: str | None = None,
+                 cache_salt: str | None = None) -> TokensInput:
+    """A ``TokensInput`` dict, usable as a prompt here."""
+    inputs = TokensInput(type="token", prompt_token_ids=list(prompt_token_ids))
+    if prompt is not None:
+        inputs["prompt"] = prompt
+    if cache_salt is not None:
+        inputs["cache_salt"] = cache_salt
+    return inputs
+
+
+SingletonPrompt = Union[str, TextPrompt, TokensPrompt, EmbedsPrompt]
+PromptType = Union[SingletonPrompt, ExplicitEncoderDecoderPrompt]
 
 
 @dataclass
@@ -54,20 +119,21 @@ def parse_prompt(prompt, tokenizer, vocab_size: int, add_special_tokens: bool = 
         prompt = prompt["prompt_token_ids"] if "prompt_token_ids" in prompt else prompt["prompt"]
     if isinstance(prompt, str):
         if tokenizer is None:
-            raise ValueError("a text prompt needs a tokenizer, but the checkpoint has none; "
-                             "pass token ids instead")
+            raise ValueError("a text prompt needs a tokenizer, but the engine has none (the "
+                             "checkpoint has no tokenizer files, or skip_tokenizer_init=True); "
+                             "pass token ids instead (TokensPrompt)")
         prompt = tokenizer(prompt, add_special_tokens=add_special_tokens)["input_ids"]
     return ParsedPrompt(_as_token_ids(prompt, vocab_size), text, salt)
 
 
 def _check_prompt_dict(prompt: dict) -> None:
-    unknown = set(prompt) - PROMPT_KEYS
+    for key, (feature, reason) in REFUSED_PROMPT_KEYS.items():
+        if prompt.get(key) is not None and (key not in PROMPT_KEYS or prompt.get(key)):
+            refuse(feature, f"a prompt with {key!r}: {reason}")
+    unknown = set(prompt) - PROMPT_KEYS - {"type"} - set(REFUSED_PROMPT_KEYS)
     if unknown:
         raise ValueError(f"unknown prompt key(s) {sorted(unknown)}; a prompt dict takes "
                          f"'prompt' or 'prompt_token_ids', and 'cache_salt'")
-    for key in ("multi_modal_data", "mm_processor_kwargs", "multi_modal_uuids"):
-        if prompt.get(key):
-            raise ValueError(f"{key}: multimodal inputs are not supported by this engine")
     if "prompt_token_ids" not in prompt and "prompt" not in prompt:
         raise ValueError("a dict prompt needs 'prompt' (text) or 'prompt_token_ids'")
 
@@ -102,6 +168,10 @@ class ParamsContext:
 
 def prepare_params(params, num_prompt_tokens: int, ctx: ParamsContext) -> SamplingParams:
     """The engine's own verified copy of ``params`` for a prompt of ``num_prompt_tokens``."""
+    if isinstance(params, PoolingParams):
+        refuse("pooling", f"PoolingParams given as sampling_params: {POOLING_REASON}")
+    if isinstance(params, BeamSearchParams):
+        refuse("beam search", f"BeamSearchParams given as sampling_params: {BEAM_SEARCH_REASON}")
     if not isinstance(params, SamplingParams):
         raise TypeError(f"sampling_params must be SamplingParams, got {type(params).__name__}")
     own = params.clone()
@@ -133,3 +203,32 @@ def child_params(params: SamplingParams) -> list[SamplingParams]:
             child.prompt_logprobs = None
         children.append(child)
     return children
+
+
+def reject_unsupported(lora_request=None, priority=None, **others) -> None:
+    """Refuse the per-request options of vLLM's ``generate`` / ``chat`` / ``add_request``
+    this engine does not serve, naming each: a LoRA adapter, a non-zero priority (one value
+    or a list), and any other option given a value (``others``: name -> value)."""
+    if _given(lora_request):
+        refuse("LoRA adapters", f"lora_request={_describe(lora_request)}: the engine loads "
+                                f"base weights only (no adapters)")
+    priorities = priority if isinstance(priority, (list, tuple)) else [priority]
+    if any(p not in (None, 0) for p in priorities):
+        refuse("request priorities", "requests are served first come, first served (vLLM "
+                                     "too raises without scheduling_policy='priority')")
+    for name, value in others.items():
+        if _given(value):
+            refuse(f"the {name} option", f"{name}={_describe(value)} has no counterpart "
+                                         f"here (see docs/vllm_api.md)")
+
+
+def _given(value) -> bool:
+    """A per-request option is given unless it is None (or a list of Nones)."""
+    if isinstance(value, (list, tuple)):
+        return any(v is not None for v in value)
+    return value is not None
+
+
+def _describe(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."

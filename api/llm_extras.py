@@ -1,7 +1,113 @@
-"""vLLM's ``LLM`` methods that scripts touch beyond generating (profiling, metrics), as a mixin
-``LLM`` inherits, so engine.py keeps only the engine's own work."""
+"""vLLM's ``LLM`` methods that scripts touch beyond generating (profiling, metrics, the
+methods of features this engine lacks), as a mixin ``engine.LLM`` (and ``LLMEngine``)
+inherit, so engine.py keeps only the engine's own work. It needs only ``stats()``,
+``config``, ``model`` and ``scheduler`` (``running`` / ``waiting``) of its host, so
+``LLM`` and ``LLMEngine`` can both inherit it.
+
+Profiling: ``start_profile()`` / ``stop_profile()`` run ``torch.profiler`` around whatever the
+engine does in between and write a Chrome trace (``*.pt.trace.json``, open it in Perfetto or
+chrome://tracing) to a directory: the ``profile_dir`` argument, else
+``ProfilerConfig(torch_profiler_dir=...)`` given as ``LLM(..., profiler_config=...)``, else the
+``VLLM_TORCH_PROFILER_DIR`` environment variable (vLLM's), else ``./vllm_profile``.
+"""
 from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from api.errors import refuse
+from api.metrics import Metric, metrics_from_stats
+
+PROFILE_DIR_ENV = "VLLM_TORCH_PROFILER_DIR"
+DEFAULT_PROFILE_DIR = "vllm_profile"
+SLEEP_REASON = "weights and KV cache always stay in memory (enable_sleep_mode is refused)"
 
 
 class LLMExtras:
-    """Mixed into ``engine.LLM``; uses only its public surface (``stats()``, ...)."""
+    """Mixed into ``engine.LLM``; uses its ``stats()``, ``config``, ``model`` and
+    ``scheduler`` and nothing of the step loop."""
+
+    _profiler = None
+
+    # ------------------------------------------------------------------ profiling
+
+    def start_profile(self, profile_prefix: str | None = None, profile_dir: str | None = None) -> None:
+        """Start recording a torch.profiler trace (CPU, and CUDA when on a GPU)."""
+        import torch
+
+        if self._profiler is not None:
+            raise RuntimeError("a profile is already running: call stop_profile() first")
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        directory = Path(profile_dir or self._profile_dir())
+        directory.mkdir(parents=True, exist_ok=True)
+        self._profile_target = directory / f"{profile_prefix or 'llm'}_{os.getpid()}_" \
+                                           f"{time.strftime('%Y%m%d-%H%M%S')}.pt.trace.json"
+        self._profiler = torch.profiler.profile(activities=activities, record_shapes=True)
+        self._profiler.__enter__()
+
+    def stop_profile(self) -> str:
+        """Stop recording and write the trace; returns its path."""
+        if self._profiler is None:
+            raise RuntimeError("no profile is running: call start_profile() first")
+        profiler, self._profiler = self._profiler, None
+        profiler.__exit__(None, None, None)
+        profiler.export_chrome_trace(str(self._profile_target))
+        return str(self._profile_target)
+
+    def _profile_dir(self) -> str:
+        config = getattr(self.config, "profiler_config", None)
+        configured = (config.get("torch_profiler_dir") if hasattr(config, "get")
+                      else getattr(config, "torch_profiler_dir", None))
+        return configured or os.environ.get(PROFILE_DIR_ENV) or DEFAULT_PROFILE_DIR
+
+    # ------------------------------------------------------------------ metrics
+
+    def get_metrics(self) -> list[Metric]:
+        """vLLM-shaped Counter / Gauge metrics (``vllm:prefix_cache_hits``, ...)."""
+        stats = self.stats()
+        running, waiting = self._request_counts()
+        return metrics_from_stats(stats, running, waiting, str(getattr(self, "model_path", "")))
+
+    def _request_counts(self) -> tuple[int, int]:
+        scheduler = getattr(self, "scheduler", None)
+        running = len(getattr(scheduler, "running", ()) or ())
+        waiting = len(getattr(scheduler, "waiting", ()) or ())
+        return running, waiting
+
+    # ------------------------------------------------------------------ the rest of vLLM's LLM
+
+    def get_supported_tasks(self) -> tuple[str, ...]:
+        return ("generate",)
+
+    def apply_model(self, func) -> list:
+        """vLLM's ``apply_model``: ``func(model)`` on each worker; here one model, one result."""
+        return [func(self.model)]
+
+    def collective_rpc(self, method, timeout=None, args=(), kwargs=None) -> list:
+        """vLLM's ``collective_rpc`` on the one in-process worker: ``method`` is a callable
+        taking the LLM first, or the name of an LLM method."""
+        target = getattr(self, method) if isinstance(method, str) else (
+            lambda *a, **k: method(self, *a, **k))
+        return [target(*args, **(kwargs or {}))]
+
+    def reset_mm_cache(self) -> None:
+        """Nothing to reset: no multimodal inputs."""
+
+    def sleep(self, level: int = 1) -> None:
+        refuse("sleep mode", SLEEP_REASON)
+
+    def wake_up(self, tags=None) -> None:
+        refuse("sleep mode", SLEEP_REASON)
+
+    def is_sleeping(self) -> bool:
+        return False
+
+    def do_log_stats(self, *args, **kwargs) -> None:
+        """The engine logs no statistics; ``get_metrics()`` has them."""
+
+    def reward(self, *args, **kwargs):
+        refuse("pooling", "reward models are pooling models; the engine runs generative "
+                          "models only")

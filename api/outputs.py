@@ -40,6 +40,13 @@ class Logprob(float):
 
 PositionLogprobs = dict[int, Logprob]
 
+STREAM_FINISHED = object()  # vLLM's end-of-stream sentinel (offline calls never stream)
+
+
+class RequestError(Exception):
+    """vLLM's error for a request that failed inside the engine (here such a request
+    finishes alone with ``finish_reason="error"`` instead)."""
+
 
 @dataclass
 class CompletionOutput:
@@ -52,6 +59,7 @@ class CompletionOutput:
     logprobs: list[PositionLogprobs] | None = None
     finish_reason: str | None = None           # "stop", "length", "abort", "error" or None
     stop_reason: int | str | None = None       # the stop string or stop token id that ended it
+    lora_request: object = None                # vLLM's; always None (no LoRA here)
 
     def finished(self) -> bool:
         return self.finish_reason is not None
@@ -70,6 +78,12 @@ class RequestOutput:
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     num_cached_tokens: int = 0
     metrics: dict = field(default_factory=dict)
+    # vLLM's fields for features this engine lacks: always their "absent" values.
+    lora_request: object = None
+    encoder_prompt: str | None = None
+    encoder_prompt_token_ids: list[int] | None = None
+    kv_transfer_params: dict | None = None
+    multi_modal_placeholders: dict = field(default_factory=dict)
 
     @property
     def token_ids(self) -> list[int]:

@@ -6,10 +6,18 @@ object mutated after ``add_request`` changes nothing queued and nothing that pas
 submission can make a step raise. ``verify`` adds the checks that need the vocabulary
 (logprobs counts, token ids in ``logit_bias``, ``allowed_token_ids``, ``stop_token_ids``)
 and tokenizes ``bad_words``.
+
+Errors are ``VLLMValidationError`` (a ``ValueError``) with vLLM's messages where vLLM has
+one ("min_tokens must be greater than or equal to 0, got -1."). vLLM features this engine
+does not serve (``structured_outputs``, ...) are accepted by the constructor and refused
+when the parameters are used (``verify``, at submission), as vLLM checks them there too.
+The class also answers the msgspec-struct introspection scripts use on vLLM's
+(``SamplingParams.__struct_fields__``, ``from_optional``, ``clone``).
 """
 from __future__ import annotations
 
 import copy
+import dataclasses
 import enum
 import math
 import warnings
@@ -18,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from api.errors import VLLMValidationError, refuse
+
 GREEDY_TEMPERATURE = 1e-5   # below this, sampling is greedy (vLLM's _SAMPLING_EPS)
 MIN_TEMPERATURE = 1e-2      # 0 < temperature < this is raised to it (vLLM: avoids inf/nan)
 DEFAULT_MAX_LOGPROBS = 20   # vLLM's engine argument ``max_logprobs`` default
@@ -25,7 +35,8 @@ SEED_RANGE = (-(2 ** 63), 2 ** 64)  # what a 64-bit generator seed can hold (int
 
 # vLLM fields this engine does not implement: accepted only at their default, else a clear error.
 UNSUPPORTED_FIELDS = {
-    "structured_outputs": "guided decoding needs a grammar backend, which this engine has not",
+    "structured_outputs": "structured outputs (guided decoding) need a grammar backend, "
+                          "which this engine has not",
     "logprob_token_ids": "logprobs of chosen token ids are not implemented; use logprobs=N",
     "prompt_logprob_token_ids": "use prompt_logprobs=N",
     "prompt_logprob_start": "use prompt_logprobs=N",
@@ -35,6 +46,26 @@ UNSUPPORTED_FIELDS = {
     "flat_logprobs": "logprobs always come as a list of dicts here",
     "trace_decode_token_ids": "trace replay is not implemented",
 }
+
+
+# The feature each unsupported field stands for, as its refusal names it.
+UNSUPPORTED_FEATURES = {"structured_outputs": "structured outputs"}
+
+
+class SamplingType(enum.IntEnum):
+    """vLLM's classification of a request's sampling (``SamplingParams.sampling_type``)."""
+    GREEDY = 0
+    RANDOM = 1
+    RANDOM_SEED = 2
+
+
+@dataclass
+class RepetitionDetectionParams:
+    """vLLM's n-gram repetition detection settings: construct; a request carrying them is
+    refused at submission (``repetition_detection`` in UNSUPPORTED_FIELDS)."""
+    max_pattern_size: int = 0
+    min_pattern_size: int = 0
+    min_count: int = 0
 
 
 class RequestOutputKind(enum.Enum):
@@ -97,6 +128,18 @@ class SamplingParams:
         return self.temperature < GREEDY_TEMPERATURE
 
     @property
+    def sampling_type(self) -> SamplingType:
+        """vLLM's GREEDY / RANDOM / RANDOM_SEED."""
+        if self.greedy:
+            return SamplingType.GREEDY
+        return SamplingType.RANDOM if self.seed is None else SamplingType.RANDOM_SEED
+
+    @property
+    def all_stop_token_ids(self) -> set[int]:
+        """The request's own stop token ids (the engine adds the model's EOS ids itself)."""
+        return set(self.stop_token_ids or ())
+
+    @property
     def top_k_or_none(self) -> int | None:
         """top_k as a count, or None when it is off (vLLM's 0, or -1)."""
         return self.top_k if self.top_k > 0 else None
@@ -116,20 +159,40 @@ class SamplingParams:
         """A deep copy (what the engine keeps at submission, as vLLM does)."""
         return copy.deepcopy(self)
 
+    @classmethod
+    def from_optional(cls, **kwargs) -> "SamplingParams":
+        """vLLM's ``from_optional``: ``None`` for a field that cannot be None (``n``,
+        ``temperature``, ...) means its default; where None has a meaning (``max_tokens``,
+        ``seed``, ...) it is kept."""
+        unknown = set(kwargs) - set(cls.__struct_fields__)
+        if unknown:
+            raise TypeError(f"unknown SamplingParams field(s): {', '.join(sorted(unknown))}")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        return cls(**{name: value for name, value in kwargs.items()
+                      if value is not None or "None" in str(fields[name].type)})
+
     def verify(self, vocab_size: int, max_logprobs: int = DEFAULT_MAX_LOGPROBS,
                tokenizer=None) -> None:
         """Re-check every field (the object may have been mutated since construction), then
-        the vocabulary-bounded values, and tokenize ``bad_words``. Call on a ``clone()``."""
+        what is checked at use in vLLM too: the features this engine lacks, the
+        vocabulary-bounded values; and tokenize ``bad_words``. Call on a ``clone()``."""
         self._validate()
+        self._refuse_unsupported()
         limit = vocab_size if max_logprobs == -1 else min(max_logprobs, vocab_size)
         for name in ("logprobs", "prompt_logprobs"):
             _check_logprob_count(name, getattr(self, name), vocab_size, limit, max_logprobs)
         _check_token_ids("stop_token_ids", self.stop_token_ids, vocab_size)
+        if self.allowed_token_ids is not None and not self.allowed_token_ids:
+            raise VLLMValidationError("allowed_token_ids is not None and empty! (no token "
+                                      "could ever be sampled)", parameter="allowed_token_ids",
+                                      value=self.allowed_token_ids)
         _check_token_ids("allowed_token_ids", self.allowed_token_ids, vocab_size)
         _check_token_ids("logit_bias", list(self.logit_bias or {}), vocab_size)
         if tokenizer is None and self.stop:
-            raise ValueError("stop strings need a tokenizer, but the checkpoint has none; "
-                             "use stop_token_ids")
+            raise VLLMValidationError("stop strings need a tokenizer, but the engine has none "
+                                      "(no tokenizer in the checkpoint, or "
+                                      "skip_tokenizer_init=True); use stop_token_ids",
+                                      parameter="stop", value=self.stop)
         self.bad_words_token_ids = _tokenize_bad_words(self.bad_words, tokenizer, vocab_size)
 
     # ------------------------------------------------------------------ validation
@@ -141,53 +204,77 @@ class SamplingParams:
         self._validate_stops()
         self._validate_logprobs_and_flags()
         self._validate_token_constraints()
-        self._reject_unsupported()
 
     def _validate_counts(self) -> None:
-        self.n = _as_int("n", self.n, minimum=1)
+        self.n = _as_int("n", self.n)
+        _require(self.n >= 1, "n", self.n, f"n must be at least 1, got {self.n}.")
         if self.max_tokens is not None:
-            self.max_tokens = _as_int("max_tokens", self.max_tokens, minimum=1)
-        self.min_tokens = _as_int("min_tokens", self.min_tokens, minimum=0)
-        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise ValueError(f"min_tokens ({self.min_tokens}) must be <= max_tokens "
-                             f"({self.max_tokens})")
+            self.max_tokens = _as_int("max_tokens", self.max_tokens)
+            _require(self.max_tokens >= 1, "max_tokens", self.max_tokens,
+                     f"max_tokens must be at least 1, got {self.max_tokens}.")
+        self.min_tokens = _as_int("min_tokens", self.min_tokens)
+        _require(self.min_tokens >= 0, "min_tokens", self.min_tokens,
+                 f"min_tokens must be greater than or equal to 0, got {self.min_tokens}.")
+        if self.max_tokens is not None:
+            _require(self.min_tokens <= self.max_tokens, "min_tokens", self.min_tokens,
+                     f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, "
+                     f"got {self.min_tokens}.")
         if self.seed is not None:
-            self.seed = _as_int("seed", self.seed, *SEED_RANGE,
-                                hint="a 64-bit integer (-2**63 <= seed < 2**64)")
+            self.seed = _as_int("seed", self.seed, hint="a 64-bit integer")
+            _require(SEED_RANGE[0] <= self.seed < SEED_RANGE[1], "seed", self.seed,
+                     f"seed must be a 64-bit integer (-2**63 <= seed < 2**64), got {self.seed}")
             if self.seed == -1:  # vLLM: -1 means "no seed"
                 self.seed = None
         if self.stream_interval is not None:
-            self.stream_interval = _as_int("stream_interval", self.stream_interval, minimum=1)
+            self.stream_interval = _as_int("stream_interval", self.stream_interval)
+            _require(self.stream_interval >= 1, "stream_interval", self.stream_interval,
+                     f"stream_interval must be at least 1, got {self.stream_interval}.")
 
     def _validate_penalties_and_filters(self) -> None:
-        self.presence_penalty = _as_float("presence_penalty", self.presence_penalty, -2.0, 2.0)
-        self.frequency_penalty = _as_float("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
-        self.repetition_penalty = _as_float("repetition_penalty", self.repetition_penalty, 0.0,
-                                            math.inf, low_open=True)
-        self.top_p = _as_float("top_p", self.top_p, 0.0, 1.0, low_open=True)
-        self.min_p = _as_float("min_p", self.min_p, 0.0, 1.0)
-        self.top_k = _as_int("top_k", self.top_k, minimum=-1,
-                             hint="0 or -1 (off), or a count >= 1")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = _as_float(name, getattr(self, name))
+            _require(-2.0 <= value <= 2.0, name, value, f"{name} must be in [-2, 2], got {value}.")
+            setattr(self, name, value)
+        self.repetition_penalty = _as_float("repetition_penalty", self.repetition_penalty)
+        _require(math.isfinite(self.repetition_penalty), "repetition_penalty",
+                 self.repetition_penalty, f"repetition_penalty must be a finite number, got "
+                                          f"{self.repetition_penalty}.")
+        _require(self.repetition_penalty > 0.0, "repetition_penalty", self.repetition_penalty,
+                 f"repetition_penalty must be greater than zero, got {self.repetition_penalty}.")
+        self.top_p = _as_float("top_p", self.top_p)
+        _require(0.0 < self.top_p <= 1.0, "top_p", self.top_p,
+                 f"top_p must be in (0, 1], got {self.top_p}.")
+        self.min_p = _as_float("min_p", self.min_p)
+        _require(0.0 <= self.min_p <= 1.0, "min_p", self.min_p,
+                 f"min_p must be in [0, 1], got {self.min_p}.")
+        self.top_k = _as_int("top_k", self.top_k)
+        _require(self.top_k >= -1, "top_k", self.top_k,
+                 f"top_k must be 0 (disable), or at least 1, got {self.top_k}.")
 
     def _validate_temperature(self) -> None:
-        self.temperature = _as_float("temperature", self.temperature, 0.0, 2.0)
+        value = self.temperature = _as_float("temperature", self.temperature)
+        _require(math.isfinite(value), "temperature", value,
+                 f"temperature must be a finite number, got {value}.")
+        _require(value >= 0.0, "temperature", value,
+                 f"temperature must be non-negative, got {value}.")
+        _require(value <= 2.0, "temperature", value, f"temperature must be in [0, 2], got {value}.")
         if 0 < self.temperature < MIN_TEMPERATURE:
             warnings.warn(f"temperature {self.temperature} is below {MIN_TEMPERATURE}, which "
                           f"overflows to inf/nan; raised to {MIN_TEMPERATURE} (as vLLM does)")
             self.temperature = MIN_TEMPERATURE
         if self.greedy:
             self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0  # they change nothing under argmax
-            if self.n > 1:
-                raise ValueError(f"n must be 1 for greedy sampling (temperature=0), got {self.n}")
+            _require(self.n == 1, "n", self.n,
+                     f"n must be 1 when using greedy sampling, got {self.n}.")
 
     def _validate_stops(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = _as_list("stop", self.stop, str)
-        if any(not s for s in self.stop):
-            raise ValueError("stop cannot contain an empty string")
-        if self.stop and not _is_bool(self.detokenize, True):
-            raise ValueError("stop strings need detokenize=True")
+        _require(all(self.stop), "stop", self.stop, "stop cannot contain an empty string.")
+        _require(not self.stop or _is_bool(self.detokenize, True), "stop", self.stop,
+                 "stop strings are only supported when detokenize is True. "
+                 "Set detokenize=True to use stop.")
         ids = _as_list("stop_token_ids", self.stop_token_ids, int)
         self.stop_token_ids = list(dict.fromkeys(ids))
 
@@ -197,7 +284,9 @@ class SamplingParams:
             if value is True:
                 value = 1  # vLLM: True means 1
             if value is not None:
-                value = _as_int(name, value, minimum=-1, hint="an integer >= 0, or -1 (all)")
+                value = _as_int(name, value, hint="an integer >= 0, or -1 (all)")
+                _require(value >= -1, name, value,
+                         f"{name} must be non-negative or -1, got {value}.")
             setattr(self, name, value)
         for name in ("ignore_eos", "detokenize", "skip_special_tokens", "skip_clone",
                      "spaces_between_special_tokens", "include_stop_str_in_output"):
@@ -205,63 +294,66 @@ class SamplingParams:
         if self.skip_reading_prefix_cache is not None:
             _check_bool("skip_reading_prefix_cache", self.skip_reading_prefix_cache)
         if not isinstance(self.output_kind, RequestOutputKind):
-            raise ValueError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}")
+            raise VLLMValidationError(f"output_kind must be a RequestOutputKind, got "
+                                      f"{self.output_kind!r}", parameter="output_kind",
+                                      value=self.output_kind)
         if self.extra_args is not None and not isinstance(self.extra_args, dict):
-            raise ValueError(f"extra_args must be a dict, got {type(self.extra_args).__name__}")
+            raise VLLMValidationError(f"extra_args must be a dict, got "
+                                      f"{type(self.extra_args).__name__}",
+                                      parameter="extra_args", value=self.extra_args)
 
     def _validate_token_constraints(self) -> None:
         self.logit_bias = _as_logit_bias(self.logit_bias)
         if self.allowed_token_ids is not None:
             self.allowed_token_ids = _as_list("allowed_token_ids", self.allowed_token_ids, int)
-            if not self.allowed_token_ids:
-                raise ValueError("allowed_token_ids is empty: no token could ever be sampled")
         self.bad_words = list(dict.fromkeys(_as_list("bad_words", self.bad_words, str)))
-        if any(not w for w in self.bad_words):
-            raise ValueError("bad_words cannot contain an empty string")
+        _require(all(self.bad_words), "bad_words", self.bad_words,
+                 f"bad_words cannot contain an empty string. Got bad_words={self.bad_words}")
 
-    def _reject_unsupported(self) -> None:
+    def _refuse_unsupported(self) -> None:
+        """The vLLM features this engine does not serve, refused when used (see module doc)."""
         for name, reason in UNSUPPORTED_FIELDS.items():
             value = getattr(self, name)
             if value is not None and value is not False:
-                raise ValueError(f"{name} is not supported by this engine: {reason}")
+                refuse(UNSUPPORTED_FEATURES.get(name, name), f"{name}={value!r}: {reason}")
+
+
+# Field names in declaration order, as a msgspec struct lists them (scripts filter kwargs by it).
+SamplingParams.__struct_fields__ = tuple(f.name for f in dataclasses.fields(SamplingParams)
+                                         if f.init)
 
 
 # ---------------------------------------------------------------------- field checks
+
+def _require(condition: bool, parameter: str, value, message: str) -> None:
+    if not condition:
+        raise VLLMValidationError(message, parameter=parameter, value=value)
+
 
 def _is_bool(value, expected: bool) -> bool:
     return isinstance(value, (bool, np.bool_)) and bool(value) is expected
 
 
 def _check_bool(name: str, value) -> None:
-    if not isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"{name} must be True or False, got {value!r}")
+    _require(isinstance(value, (bool, np.bool_)), name, value,
+             f"{name} must be True or False, got {value!r}")
 
 
-def _as_int(name: str, value, minimum: int | None = None, maximum: int | None = None,
-            hint: str | None = None) -> int:
-    """``value`` as a Python int in [minimum, maximum); bools and floats are refused."""
-    what = hint or (f"an integer >= {minimum}" if minimum is not None else "an integer")
+def _as_int(name: str, value, hint: str | None = None) -> int:
+    """``value`` as a Python int; bools, floats and strings are refused."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"{name} must be {what}, got {value!r} ({type(value).__name__})")
-    value = int(value)
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be {what}, got {value}")
-    if maximum is not None and value >= maximum:
-        raise ValueError(f"{name} must be {hint or f'below {maximum}'}, got {value}")
-    return value
+        raise VLLMValidationError(f"{name} must be {hint or 'an integer'}, got {value!r} "
+                                  f"({type(value).__name__})", parameter=name, value=value)
+    return int(value)
 
 
-def _as_float(name: str, value, low: float, high: float, low_open: bool = False) -> float:
-    """``value`` as a finite float in [low, high] (or (low, high] with ``low_open``)."""
+def _as_float(name: str, value) -> float:
+    """``value`` as a float (range checks are the caller's); nan is refused here."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
-        raise ValueError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
+        raise VLLMValidationError(f"{name} must be a number, got {value!r} "
+                                  f"({type(value).__name__})", parameter=name, value=value)
     value = float(value)
-    if math.isnan(value):
-        raise ValueError(f"{name} must be a finite number, got nan")
-    too_low = value <= low if low_open else value < low
-    if too_low or value > high:
-        bracket = "(" if low_open else "["
-        raise ValueError(f"{name} must be in {bracket}{low:g}, {high:g}], got {value}")
+    _require(not math.isnan(value), name, value, f"{name} must be a finite number, got nan.")
     return value
 
 
@@ -270,12 +362,16 @@ def _as_list(name: str, values, item_type: type) -> list:
     if values is None:
         return []
     if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple, np.ndarray)):
-        raise ValueError(f"{name} must be a list of {item_type.__name__}, got {values!r}")
+        raise VLLMValidationError(f"{name} must be a list of {item_type.__name__}, got "
+                                  f"{values!r}", parameter=name, value=values)
     if item_type is int:
-        return [_as_int(f"{name} entry", v) for v in values]
+        bad = [v for v in values
+               if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer))]
+        _require(not bad, name, values, f"{name} must contain only integers, got {list(values)}.")
+        return [int(v) for v in values]
     bad = [v for v in values if not isinstance(v, item_type)]
-    if bad:
-        raise ValueError(f"{name} must contain only {item_type.__name__}, got {bad[0]!r}")
+    _require(not bad, name, values,
+             f"{name} must contain only {item_type.__name__}, got {bad[:1]!r}")
     return list(values)
 
 
@@ -283,17 +379,19 @@ def _as_logit_bias(bias) -> dict[int, float] | None:
     """{token id (int or numeric string): finite float}."""
     if bias is None:
         return None
-    if not isinstance(bias, dict):
-        raise ValueError(f"logit_bias must be a dict of token id -> bias, got {bias!r}")
+    _require(isinstance(bias, dict), "logit_bias", bias,
+             f"logit_bias must be a dict of token id -> bias, got {bias!r}")
     out = {}
     for key, value in bias.items():
         try:
             token = int(key) if isinstance(key, str) else _as_int("logit_bias key", key)
-        except ValueError:
-            raise ValueError(f"logit_bias key {key!r} is not a token id") from None
-        out[token] = _as_float(f"logit_bias[{token}]", value, -math.inf, math.inf)
-        if math.isinf(out[token]):
-            raise ValueError(f"logit_bias[{token}] must be finite, got {value}")
+        except (ValueError, VLLMValidationError):
+            raise VLLMValidationError(f"logit_bias contains key(s) that cannot be converted to "
+                                      f"integer token IDs: {[key]!r}", parameter="logit_bias",
+                                      value=[key]) from None
+        out[token] = _as_float(f"logit_bias[{token}]", value)
+        _require(math.isfinite(out[token]), "logit_bias", bias,
+                 f"logit_bias[{token}] must be finite, got {value}")
     return out
 
 
@@ -302,18 +400,20 @@ def _check_logprob_count(name: str, value: int | None, vocab_size: int, limit: i
     if value is None or value == 0:
         return
     wanted = vocab_size if value == -1 else value
-    if wanted > vocab_size:
-        raise ValueError(f"{name}={value} exceeds the vocabulary size {vocab_size}")
-    if wanted > limit:
-        raise ValueError(f"{name}={value} exceeds max_logprobs={max_logprobs} (an engine "
-                         f"argument, as in vLLM; max_logprobs=-1 allows the whole vocabulary)")
+    what = "sample logprobs" if name == "logprobs" else "prompt logprobs"
+    _require(wanted <= vocab_size, name, value,
+             f"{name}={value} exceeds the vocabulary size {vocab_size}")
+    _require(wanted <= limit, name, value,
+             f"Requested {what} of {wanted}, which is greater than max allowed: {limit} "
+             f"(the engine argument max_logprobs={max_logprobs}, as in vLLM; "
+             f"max_logprobs=-1 allows the whole vocabulary)")
 
 
 def _check_token_ids(name: str, ids, vocab_size: int) -> None:
     bad = [t for t in ids or () if not 0 <= t < vocab_size]
-    if bad:
-        raise ValueError(f"{name} has token id(s) {bad[:5]} outside the vocabulary "
-                         f"[0, {vocab_size})")
+    _require(not bad, name, bad, f"token_id(s) {bad[:5]} in {name} contain out-of-vocab token "
+                                 f"ids. Vocabulary size: {vocab_size} (the vocabulary is "
+                                 f"[0, {vocab_size}))")
 
 
 def _tokenize_bad_words(words: list[str], tokenizer, vocab_size: int) -> list[list[int]] | None:
@@ -322,12 +422,14 @@ def _tokenize_bad_words(words: list[str], tokenizer, vocab_size: int) -> list[li
     if not words:
         return None
     if tokenizer is None:
-        raise ValueError("bad_words need a tokenizer, but the checkpoint has none")
+        raise VLLMValidationError("bad_words need a tokenizer, but the engine has none (no "
+                                  "tokenizer in the checkpoint, or skip_tokenizer_init=True)",
+                                  parameter="bad_words", value=words)
     sequences: list[list[int]] = []
     for word in words:
         plain = list(tokenizer.encode(word.lstrip(), add_special_tokens=False))
-        if not plain:
-            raise ValueError(f"bad_words entry {word!r} tokenizes to no token")
+        _require(bool(plain), "bad_words", words,
+                 f"bad_words entries must tokenize to at least one token; {word!r} does not")
         spaced = list(tokenizer.encode(" " + word.lstrip(), add_special_tokens=False))
         sequences.append(plain)
         if len(spaced) == len(plain) and spaced[0] != plain[0]:

@@ -12,8 +12,11 @@ exactly from p. A request with a seed draws its noise from a generator seeded wi
 (seed, number of tokens it has generated), so its samples depend neither on the rest of
 the batch nor on a step that failed and was retried, nor on preemption.
 
-Logprobs are of the raw logits (vLLM's default ``logprobs_mode="raw_logprobs"``): the
-chosen token first, then the top ``logprobs``, each with its rank in the vocabulary.
+Logprobs (the chosen token first, then the top ``logprobs``, each with its rank) follow
+vLLM's ``logprobs_mode``: "raw_logprobs" (the default) and "raw_logits" are of the model's
+output; "processed_logprobs" and "processed_logits" of what sampling drew from -- after the
+logits processors, penalties, temperature (1 for greedy rows), min_p, top-k and top-p, so a
+token those filters removed has -inf (what RL trainers use for importance weights).
 """
 from __future__ import annotations
 
@@ -53,8 +56,10 @@ class Sampler:
     """Samples one token per row. ``stop_token_ids``: the engine's EOS ids, banned (with each
     request's own ``stop_token_ids``) while a request is below its ``min_tokens``."""
 
-    def __init__(self, device: torch.device, seed: int | None, stop_token_ids=()) -> None:
+    def __init__(self, device: torch.device, seed: int | None, stop_token_ids=(),
+                 logprobs_mode: str = "raw_logprobs") -> None:
         self.device = device
+        self.logprobs_mode = logprobs_mode
         self.eos_token_ids = tuple(stop_token_ids)
         self.request_generator = torch.Generator(device=device)
         self.generator = torch.Generator(device=device)
@@ -75,7 +80,7 @@ class Sampler:
             tokens = torch.where(self._tensor([p.greedy for p in params], torch.bool),
                                  greedy, self._sample(processed, seqs))
         token_list = tokens.tolist()
-        return SamplerOutput(token_list, self._logprobs(logits, seqs, token_list))
+        return SamplerOutput(token_list, self._logprobs(logits, processed, seqs, token_list))
 
     def _tensor(self, values, dtype) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype, device=self.device)
@@ -215,14 +220,33 @@ class Sampler:
 
     # ------------------------------------------------------------------ logprobs
 
-    def _logprobs(self, logits: torch.Tensor, seqs, tokens: list[int]):
-        """Per row: TokenLogprobs of the raw distribution, or None where not requested."""
+    def _logprobs(self, logits: torch.Tensor, processed: torch.Tensor, seqs, tokens: list[int]):
+        """Per row: TokenLogprobs per ``logprobs_mode``, or None where not requested."""
         wanted = [s.sampling_params.logprobs for s in seqs]
         if all(n is None for n in wanted):
             return None
         counts = [None if n is None else (logits.shape[-1] if n == -1 else n) for n in wanted]
-        return gather_logprobs(logits.log_softmax(dim=-1), self._tensor(tokens, torch.long),
-                               counts)
+        return gather_logprobs(self._logprob_source(logits, processed, seqs),
+                               self._tensor(tokens, torch.long), counts)
+
+    def _logprob_source(self, logits: torch.Tensor, processed: torch.Tensor, seqs) -> torch.Tensor:
+        """The [B, V] values logprobs report, per ``logprobs_mode``."""
+        if self.logprobs_mode == "raw_logits":
+            return logits
+        if self.logprobs_mode == "raw_logprobs":
+            return logits.log_softmax(dim=-1)
+        final = self._sampling_logits(processed, [s.sampling_params for s in seqs])
+        return final if self.logprobs_mode == "processed_logits" else final.log_softmax(dim=-1)
+
+    def _sampling_logits(self, logits: torch.Tensor, params) -> torch.Tensor:
+        """The logits sampling draws from: temperature (1 for greedy rows), then min_p, top-k
+        and top-p as -inf masks (greedy rows have them off)."""
+        temperature = self._tensor([1.0 if p.greedy else p.temperature for p in params],
+                                   torch.float32)
+        scaled = self._apply_min_p(logits / temperature[:, None], params)
+        if all(p.top_k_or_none is None and p.top_p == 1.0 for p in params):
+            return scaled
+        return scaled.masked_fill(self._filtered_probs(scaled, params) == 0, float("-inf"))
 
 
 def gather_logprobs(logprobs: torch.Tensor, chosen: torch.Tensor,

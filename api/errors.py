@@ -1,0 +1,33 @@
+"""The exception types vLLM clients catch, and the one way this engine refuses a feature.
+
+vLLM 0.32 raises ``VLLMValidationError`` for a bad request value; here it also derives from
+``ValueError``, so ``except ValueError`` and ``except VLLMValidationError`` both catch it.
+A feature this engine does not serve (LoRA, structured outputs, beam search, pooling, ...)
+is refused when it is *used* -- its parameter objects construct fine -- with an
+``UnsupportedFeatureError`` whose message names the feature.
+"""
+from __future__ import annotations
+
+
+class VLLMValidationError(ValueError):
+    """A request value is invalid; ``parameter`` and ``value`` say which (as vLLM's)."""
+
+    def __init__(self, message: str, *, parameter: str | None = None, value=None) -> None:
+        super().__init__(message)
+        self.parameter = parameter
+        self.value = value
+
+
+class UnsupportedFeatureError(ValueError):
+    """A vLLM feature this engine does not serve was used; ``feature`` names it."""
+
+    def __init__(self, feature: str, reason: str) -> None:
+        super().__init__(f"{feature} are not supported by this engine: {reason}"
+                         if feature.endswith("s") else
+                         f"{feature} is not supported by this engine: {reason}")
+        self.feature = feature
+
+
+def refuse(feature: str, reason: str) -> None:
+    """Raise the refusal for ``feature`` ("structured outputs", "LoRA", ...)."""
+    raise UnsupportedFeatureError(feature, reason)

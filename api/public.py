@@ -1,0 +1,85 @@
+"""Every vLLM public name this engine provides, for ``from engine import *`` (engine.py
+re-exports this module) -- vLLM's ``vllm``, ``vllm.sampling_params``, ``vllm.outputs``,
+``vllm.inputs``, ``vllm.engine.arg_utils``, ``vllm.lora.request`` and the ``vllm.config``
+classes scripts import. ``LLM`` and ``LLMEngine`` themselves live in engine.py.
+docs/vllm_api.md says, name by name, what is implemented, neutral, or refused at use.
+"""
+from __future__ import annotations
+
+from api.beam import BeamSearchParams
+from api.engine_args import AsyncEngineArgs, EngineArgs
+from api.errors import UnsupportedFeatureError, VLLMValidationError
+from api.intake import (
+    DataPrompt,
+    EmbedsInput,
+    EmbedsPrompt,
+    ExplicitEncoderDecoderPrompt,
+    PromptType,
+    SingletonPrompt,
+    TextPrompt,
+    TokensInput,
+    TokensPrompt,
+    tokens_input,
+)
+from api.lora import LoRARequest
+from api.metrics import Counter, Gauge, Histogram, Metric, Vector
+from api.outputs import STREAM_FINISHED, CompletionOutput, Logprob, RequestError, RequestOutput
+from api.pooling import (
+    ClassificationOutput,
+    ClassificationRequestOutput,
+    EmbeddingOutput,
+    EmbeddingRequestOutput,
+    PoolingOutput,
+    PoolingParams,
+    PoolingRequestOutput,
+    ScoringOutput,
+    ScoringRequestOutput,
+)
+from api.refused_engines import (
+    AsyncLLMEngine,
+    FlexibleArgumentParser,
+    ModelRegistry,
+    initialize_ray_cluster,
+)
+from api.sampling_params import (
+    RepetitionDetectionParams,
+    RequestOutputKind,
+    SamplingParams,
+    SamplingType,
+)
+from api.structured import GuidedDecodingParams, StructuredOutputsParams
+from api.vllm_config import (
+    CompilationConfig,
+    CompilationMode,
+    CUDAGraphMode,
+    KVTransferConfig,
+    PoolerConfig,
+    ProfilerConfig,
+    SpeculativeConfig,
+    StructuredOutputsConfig,
+)
+
+__all__ = [
+    # vllm
+    "AsyncEngineArgs", "AsyncLLMEngine", "ClassificationOutput", "ClassificationRequestOutput",
+    "CompletionOutput", "EmbeddingOutput", "EmbeddingRequestOutput", "EngineArgs",
+    "ModelRegistry", "PoolingOutput", "PoolingParams", "PoolingRequestOutput", "PromptType",
+    "RequestOutput", "SamplingParams", "ScoringOutput", "ScoringRequestOutput", "TextPrompt",
+    "TokensPrompt", "initialize_ray_cluster",
+    # vllm.sampling_params
+    "BeamSearchParams", "RepetitionDetectionParams", "RequestOutputKind", "SamplingType", "StructuredOutputsParams",
+    "GuidedDecodingParams",
+    # vllm.outputs
+    "RequestError", "STREAM_FINISHED", "Logprob",
+    # vllm.inputs
+    "DataPrompt", "EmbedsInput", "EmbedsPrompt", "ExplicitEncoderDecoderPrompt",
+    "SingletonPrompt", "TokensInput", "tokens_input",
+    # vllm.lora.request
+    "LoRARequest",
+    # vllm.config
+    "CompilationConfig", "CompilationMode", "CUDAGraphMode", "KVTransferConfig",
+    "PoolerConfig", "ProfilerConfig", "SpeculativeConfig", "StructuredOutputsConfig",
+    # vllm.v1.metrics.reader, vllm.utils.argparse_utils, vllm.exceptions
+    "Counter", "Gauge", "Histogram", "Metric", "Vector", "FlexibleArgumentParser",
+    "VLLMValidationError", "UnsupportedFeatureError",
+]
