@@ -255,6 +255,11 @@ class LLMEngine:
                     self.scheduler.preempt(seq)
             return self.prefix_cache.reset()
 
+    def replace_prefix_cache(self, prefix_cache: PrefixCache | None) -> None:
+        """Swap in another prefix cache (a learner's own variant; the exercises do), between steps."""
+        with self._lock:
+            self.prefix_cache = self.scheduler.prefix_cache = prefix_cache
+
     @property
     def engine_core(self) -> "LLMEngine":
         """vLLM's engine core is another process; here it is this engine (``shutdown()``)."""
@@ -300,7 +305,15 @@ class LLM(LLMExtras):
     def __init__(self, model: str | os.PathLike, **engine_args) -> None:
         self.llm_engine = LLMEngine(model, **engine_args)
 
-    prefix_cache = _engine_attribute("prefix_cache", "The chapter's PrefixCache (None when off).")
+    @property
+    def prefix_cache(self) -> PrefixCache | None:
+        """The chapter's PrefixCache (None when off); assign one to swap in your own."""
+        return self.llm_engine.prefix_cache
+
+    @prefix_cache.setter
+    def prefix_cache(self, prefix_cache: PrefixCache | None) -> None:
+        self.llm_engine.replace_prefix_cache(prefix_cache)
+
     scheduler = _engine_attribute("scheduler", "The Scheduler: waiting and running sequences.")
     block_manager = _engine_attribute("block_manager", "The BlockManager: the pool's blocks.")
     config = _engine_attribute("config", "The EngineConfig.")

@@ -369,7 +369,7 @@ def test_fault_while_emitting_outputs_does_not_wedge_the_engine(tokenizer_ckpt, 
     with pytest.warns(UserWarning, match="could not decode"):
         first = llm.step()
     assert [o.request_id for o in first] == [rids[0]]
-    assert first[0].text is None and len(first[0].token_ids) == 1
+    assert first[0].text == "" and len(first[0].token_ids) == 1  # no text, as vLLM gives ""
     reference.compare(prompts[0], first[0].token_ids, 1, "request 0")
     check_accounting(llm)
     outs = drain(llm, max_steps=50)
