@@ -67,8 +67,10 @@ def test_one_token_prompt_has_one_prompt_logprob_entry(llm):
     assert out.prompt_logprobs == [None]
 
 
-def test_automatic_ids_never_collide_with_child_labels(llm):
-    """add_request("0_1") then generate(n=2): the automatic id must not be refused."""
+def test_automatic_ids_never_collide_with_child_labels(llama_dir):
+    """add_request("0_1") on a fresh engine, then generate(n=2): automatic id "1" (child
+    labels "0_1", "1_1") must not be refused."""
+    llm = make_llm(llama_dir)
     llm.add_request(random_prompt(6, seed=4), greedy(3), request_id="0_1")
     outs = llm.generate([random_prompt(6, seed=5)] * 3,
                         SamplingParams(n=2, temperature=1.0, max_tokens=3, seed=1), use_tqdm=False)
