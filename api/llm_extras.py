@@ -21,6 +21,8 @@ from api.metrics import Metric, metrics_from_stats
 
 PROFILE_DIR_ENV = "VLLM_TORCH_PROFILER_DIR"
 DEFAULT_PROFILE_DIR = "vllm_profile"
+WEIGHT_UPDATE_REASON = ("weights load once from the checkpoint; build a new LLM to use "
+                        "new weights")
 SLEEP_REASON = "weights and KV cache always stay in memory (enable_sleep_mode is refused)"
 
 
@@ -107,6 +109,38 @@ class LLMExtras:
 
     def do_log_stats(self, *args, **kwargs) -> None:
         """The engine logs no statistics; ``get_metrics()`` has them."""
+
+    def get_world_size(self, include_dp: bool = True) -> int:
+        return 1  # one process, one device
+
+    @classmethod
+    def from_engine_args(cls, engine_args, **_ignored):
+        """Build from an ``EngineArgs`` (vLLM's ``LLM.from_engine_args``)."""
+        return cls(engine_args.model, **engine_args.kwargs)
+
+    def reset_encoder_cache(self) -> None:
+        """Nothing to reset: decoder-only models."""
+
+    def list_loras(self) -> set[int]:
+        return set()  # no adapters are ever loaded
+
+    def add_lora(self, lora_request) -> bool:
+        refuse("LoRA adapters", "the engine loads base weights only")
+
+    remove_lora = pin_lora = add_lora
+
+    def update_weights(self, *args, **kwargs):
+        refuse("in-place weight updates", WEIGHT_UPDATE_REASON)
+
+    (start_weight_update, finish_weight_update, start_draft_weight_update,
+     init_weight_transfer_engine, shutdown_weight_transfer_engine, release_kv_cache_memory,
+     update_weight_version, get_weight_version) = (update_weights,) * 8
+
+    def enqueue(self, *args, **kwargs):
+        refuse("the enqueue / wait_for_completion API", "use generate(), or LLMEngine's "
+                                                        "add_request() and step()")
+
+    enqueue_chat = wait_for_completion = enqueue
 
     def reward(self, *args, **kwargs):
         refuse("pooling", "reward models are pooling models; the engine runs generative "

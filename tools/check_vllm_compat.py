@@ -90,10 +90,30 @@ def import_api(backend: str) -> SimpleNamespace:
     if backend == "vllm":
         from vllm import LLM, EngineArgs, LLMEngine, SamplingParams
         from vllm.inputs import TextPrompt, TokensPrompt
+        from vllm.lora.request import LoRARequest
+        from vllm.sampling_params import (BeamSearchParams, RequestOutputKind,
+                                          StructuredOutputsParams)
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+        from vllm.v1.metrics.reader import Counter, Gauge
     else:
-        from engine import LLM, EngineArgs, LLMEngine, SamplingParams, TextPrompt, TokensPrompt
+        from engine import LLM, LLMEngine
+        try:
+            from engine import (BeamSearchParams, Counter, EngineArgs, FlexibleArgumentParser,
+                                Gauge, LoRARequest, RequestOutputKind, SamplingParams,
+                                StructuredOutputsParams, TextPrompt, TokensPrompt)
+        except ImportError:  # engine.py does not re-export api.public yet
+            print("note: engine.py lacks `from api.public import *`; names from api.public",
+                  file=sys.stderr)
+            from api.public import (BeamSearchParams, Counter, EngineArgs,
+                                    FlexibleArgumentParser, Gauge, LoRARequest,
+                                    RequestOutputKind, SamplingParams, StructuredOutputsParams,
+                                    TextPrompt, TokensPrompt)
     return SimpleNamespace(LLM=LLM, SamplingParams=SamplingParams, LLMEngine=LLMEngine,
-                           EngineArgs=EngineArgs, TokensPrompt=TokensPrompt, TextPrompt=TextPrompt)
+                           EngineArgs=EngineArgs, TokensPrompt=TokensPrompt, TextPrompt=TextPrompt,
+                           LoRARequest=LoRARequest, BeamSearchParams=BeamSearchParams,
+                           RequestOutputKind=RequestOutputKind, Counter=Counter, Gauge=Gauge,
+                           StructuredOutputsParams=StructuredOutputsParams,
+                           FlexibleArgumentParser=FlexibleArgumentParser)
 
 
 def summary(outputs) -> dict:
@@ -219,10 +239,110 @@ def snippet_llm_engine_loop(api, llm, model):
     return summary([finished[str(i)] for i in range(len(PROMPTS))])
 
 
+def snippet_trl_rollout(api, llm, model):
+    """TRL's vLLM rollout: StructuredOutputsParams imported at module level, structured_outputs
+    None unless a regex is configured, logprobs=0, detokenize=False, len(text)."""
+    structured = None  # args.vllm_structured_outputs_regex is None by default
+    sp = api.SamplingParams(n=1, repetition_penalty=1.0, temperature=0.0, top_p=1.0, top_k=-1,
+                            min_p=0.0, max_tokens=12, structured_outputs=structured, logprobs=0,
+                            detokenize=False)
+    outputs = llm.generate(PROMPTS[:2], sampling_params=sp, use_tqdm=False)
+    lengths = [len(c.text) for o in outputs for c in o.outputs]
+    lps = [[next(iter(pos.values())).logprob for pos in c.logprobs] for o in outputs for c in o.outputs]
+    result = summary(outputs)
+    result.update(texts=lengths, floats=[x for row in lps for x in row])
+    return result
+
+
+def snippet_structured_refused(api, llm, model):
+    """Outlines builds StructuredOutputsParams per call: an engine without a grammar backend
+    must refuse it naming the feature (vLLM serves it: shape only)."""
+    params = api.StructuredOutputsParams(choice=["w5", "w6"])
+    sp = api.SamplingParams(temperature=0, max_tokens=4, structured_outputs=params)
+    try:
+        out = llm.generate(PROMPTS[:1], sp, use_tqdm=False)
+        return dict(shape=["served", len(out)])
+    except ValueError as exc:
+        assert "structured outputs" in str(exc), exc
+        return dict(shape=["served", 1])  # refused with the feature named: the expected answer
+
+
+def snippet_outlines_struct_fields(api, llm, model):
+    """Outlines filters its kwargs by SamplingParams.__struct_fields__."""
+    kwargs = {"temperature": 0.0, "max_tokens": 10, "not_a_param": 3, "seed": 1}
+    sp = api.SamplingParams(**{k: v for k, v in kwargs.items()
+                               if k in api.SamplingParams.__struct_fields__})
+    return summary(llm.generate(PROMPTS[1:3], sp, use_tqdm=False))
+
+
+def snippet_lm_eval_none_args(api, llm, model):
+    """lm-eval builds LLM(...) with max_num_seqs=None etc.; None means the default."""
+    args = dict(ENGINE_ARGS, max_num_seqs=None, tokenizer_revision=None, revision=None,
+                quantization=None, tensor_parallel_size=1)
+    other = api.LLM(model=model, **args)
+    sp = api.SamplingParams(temperature=0, max_tokens=8, stop=["w99999"])
+    result = summary(other.generate(PROMPTS[:2], sp, use_tqdm=False))
+    del other
+    return result
+
+
+def snippet_cli_defaults(api, llm, model):
+    """vLLM's generate.py / llm_engine_example: add_cli_args, set_defaults(model=...)."""
+    parser = api.FlexibleArgumentParser()
+    parser = api.EngineArgs.add_cli_args(parser)
+    parser.set_defaults(model=model)
+    args = parser.parse_args(["--max-model-len", "512"])
+    engine_args = api.EngineArgs.from_cli_args(args)
+    return dict(facts=[engine_args.model == model, engine_args.max_model_len])
+
+
+def snippet_metrics(api, llm, model):
+    """vLLM's metrics example: iterate get_metrics(), read Counter / Gauge values."""
+    llm.generate(PROMPTS[:2], api.SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
+    names = {}
+    for metric in llm.get_metrics():
+        if isinstance(metric, (api.Counter, api.Gauge)):
+            names[metric.name] = metric.value
+    wanted = ["vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:num_requests_running"]
+    return dict(shape=[name in names for name in wanted])
+
+
+def snippet_lora_refused(api, llm, model):
+    """A LoRARequest constructs; generating with it on an engine without LoRA is refused."""
+    lora = api.LoRARequest("adapter", 1, "/nonexistent/adapter")
+    try:
+        llm.generate(PROMPTS[:1], api.SamplingParams(max_tokens=2), lora_request=lora,
+                     use_tqdm=False)
+        return dict(shape=["ran"])
+    except Exception as exc:  # noqa: BLE001 -- both engines refuse; the type may differ
+        return dict(shape=["refused", "lora" in str(exc).lower()])
+
+
+def snippet_nano_vllm_chat(api, llm, model):
+    """nano-vllm's example: tokenizer.apply_chat_template(tokenize=False), then generate."""
+    tokenizer = llm.get_tokenizer()
+    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                             add_generation_prompt=True) for p in PROMPTS[:2]]
+    return summary(llm.generate(prompts, api.SamplingParams(temperature=0, max_tokens=10),
+                                use_tqdm=False))
+
+
+def snippet_qwen_math_eval(api, llm, model):
+    """Qwen2.5-Math's evaluation: n=1 greedy, stop strings, skip_special_tokens=False."""
+    sp = api.SamplingParams(temperature=0, top_p=1, max_tokens=24, n=1,
+                            stop=["w99999", "w1234"], stop_token_ids=[EOS],
+                            skip_special_tokens=False)
+    outputs = llm.generate(PROMPTS, sp, use_tqdm=False)
+    outputs = sorted(outputs, key=lambda x: int(x.request_id))  # the eval script sorts so
+    return summary(outputs)
+
+
 SNIPPETS = [snippet_basic, snippet_prompt_dicts, snippet_logprobs, snippet_n_samples,
             snippet_stop_strings, snippet_stop_token_ids, snippet_penalties, snippet_min_tokens,
             snippet_token_constraints, snippet_chat, snippet_defaults, snippet_prefix_cache,
-            snippet_llm_engine_loop]
+            snippet_llm_engine_loop, snippet_trl_rollout, snippet_structured_refused,
+            snippet_outlines_struct_fields, snippet_lm_eval_none_args, snippet_cli_defaults,
+            snippet_metrics, snippet_lora_refused, snippet_nano_vllm_chat, snippet_qwen_math_eval]
 
 
 def snippet_engine_args(api, model):
