@@ -1,4 +1,4 @@
-"""Parse what ``python run.py`` prints (and the README quotes): the chapter's table and the
+"""Parse what ``python run.py`` prints (and README.md and docs/demo.md quote): the chapter's table and the
 per-round table, as counts only (the timing columns vary run to run)."""
 from __future__ import annotations
 
@@ -30,5 +30,5 @@ def round_counts(text: str) -> dict[tuple[str, int], tuple]:
 
 
 def squash(text: str) -> str:
-    """Whitespace-insensitive form, so a README may wrap a line where run.py does not."""
+    """Whitespace-insensitive form, so the docs may wrap a line where run.py does not."""
     return " ".join(text.split())
