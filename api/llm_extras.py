@@ -110,6 +110,12 @@ class LLMExtras:
     def do_log_stats(self, *args, **kwargs) -> None:
         """The engine logs no statistics; ``get_metrics()`` has them."""
 
+    do_log_stats_with_interval = do_log_stats
+
+    def has_unfinished_requests_dp(self, has_unfinished: bool | None = None) -> bool:
+        """One data-parallel rank: the same as ``has_unfinished_requests()``."""
+        return self.has_unfinished_requests()
+
     def get_world_size(self, include_dp: bool = True) -> int:
         return 1  # one process, one device
 
@@ -134,7 +140,7 @@ class LLMExtras:
 
     (start_weight_update, finish_weight_update, start_draft_weight_update,
      init_weight_transfer_engine, shutdown_weight_transfer_engine, release_kv_cache_memory,
-     update_weight_version, get_weight_version) = (update_weights,) * 8
+     update_weight_version, get_weight_version, set_weight_version) = (update_weights,) * 9
 
     def enqueue(self, *args, **kwargs):
         refuse("the enqueue / wait_for_completion API", "use generate(), or LLMEngine's "

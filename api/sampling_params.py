@@ -140,6 +140,23 @@ class SamplingParams:
         return set(self.stop_token_ids or ())
 
     @property
+    def num_logprobs(self) -> int | None:
+        """Sample logprobs per output token, or None (vLLM's)."""
+        return self.logprobs
+
+    @property
+    def eos_token_id(self) -> int | None:
+        """vLLM sets this from the model at submission; here the engine keeps EOS ids itself."""
+        return None
+
+    @property
+    def output_text_buffer_length(self) -> int:
+        """Characters held back while streaming, so a stop string can still be cut."""
+        if not self.stop or self.include_stop_str_in_output:
+            return 0
+        return max(len(s) for s in self.stop) - 1
+
+    @property
     def top_k_or_none(self) -> int | None:
         """top_k as a count, or None when it is off (vLLM's 0, or -1)."""
         return self.top_k if self.top_k > 0 else None
