@@ -1,0 +1,101 @@
+"""A numeric standard for bfloat16 and float16: the engine's logits are as close to float32 as
+Hugging Face's own logits in that dtype are.
+
+Teacher forcing: the same token ids go through HF in float32 (the reference), HF in the low
+dtype, and this engine in the low dtype by every schedule it runs (whole prompt, chunked
+prefill, after a prefix-cache hit, decode steps; engine_logits.py), fast paths on and off.
+Per position the error is the largest |logit - reference logit| over the vocabulary.
+
+The factors: each implementation's error is the sum of many roundings at the dtype's unit
+roundoff (2^-8 in bfloat16, 2^-11 in float16), and a different but equally valid order of
+operations (fused QKV and gate/up weights, another attention kernel, chunked keys) draws those
+roundings afresh. Over a few hundred positions the mean of such errors moves by a few percent
+between valid orders, so the mean may exceed HF's by at most a quarter; the maximum is the
+extreme of the sample and moves more, so it may exceed HF's by at most half. A real bug (a
+wrong mask, a RoPE position off by one, a dropped norm weight) errs by the order of the
+logits themselves, many times these bounds: the last test shows one caught.
+"""
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+import helpers
+from engine_logits import MODES, teacher_forced_logits
+from model import load_model
+
+MEAN_FACTOR, MAX_FACTOR = 1.25, 1.5
+PROMPT_LEN = 160
+CPU = torch.device("cpu")
+# A wider, deeper model beside the 2-layer test checkpoints: errors grow with depth and width.
+WIDER = dict(hidden_size=256, intermediate_size=768, num_hidden_layers=6, num_attention_heads=8,
+             num_key_value_heads=2, head_dim=32, initializer_range=0.05)
+
+
+@pytest.fixture(scope="module")
+def wider_llama(tmp_path_factory) -> str:
+    return helpers.build_checkpoint("llama", str(tmp_path_factory.mktemp("wider_llama")), **WIDER)
+
+
+@functools.lru_cache(maxsize=None)
+def hf_logits(model_dir: str, ids: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].float()
+
+
+def position_error(logits: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """[positions]: the largest logit error at each position."""
+    assert logits.shape == reference.shape
+    return (logits - reference).abs().amax(dim=-1)
+
+
+def assert_within_hf(model_dir: str, ids: list[int], dtype: torch.dtype, fast_paths: bool) -> None:
+    reference = hf_logits(model_dir, tuple(ids), torch.float32)
+    hf = position_error(hf_logits(model_dir, tuple(ids), dtype), reference)
+    model = load_model(model_dir, dtype, CPU, fast_paths)[0]
+    for mode in MODES:
+        ours = position_error(teacher_forced_logits(model, ids, mode), reference)
+        what = f"{dtype} {mode} fast_paths={fast_paths}: ours mean/max {ours.mean():.4f}/{ours.max():.4f}, " \
+               f"HF's {hf.mean():.4f}/{hf.max():.4f}"
+        assert ours.mean() <= MEAN_FACTOR * hf.mean(), what
+        assert ours.max() <= MAX_FACTOR * hf.max(), what
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "mistral"])
+def test_low_precision_error_within_hf_own(checkpoints, arch, dtype):
+    ids = helpers.random_prompt(PROMPT_LEN, seed=5)
+    for fast_paths in (True, False):
+        assert_within_hf(checkpoints[arch], ids, dtype, fast_paths)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_error_within_hf_own_wider_model(wider_llama, dtype):
+    assert_within_hf(wider_llama, helpers.random_prompt(PROMPT_LEN, seed=6), dtype, fast_paths=True)
+
+
+def test_float32_logits_equal_hf(checkpoints):
+    """The float32 baseline the standard leans on: every schedule matches HF's float32 logits."""
+    ids = helpers.random_prompt(PROMPT_LEN, seed=7)
+    reference = hf_logits(checkpoints["mistral"], tuple(ids), torch.float32)
+    for fast_paths in (True, False):
+        model = load_model(checkpoints["mistral"], torch.float32, CPU, fast_paths)[0]
+        for mode in MODES:
+            assert position_error(teacher_forced_logits(model, ids, mode), reference).max() < 1e-4
+
+
+def test_the_bound_catches_a_mask_bug(checkpoints):
+    """A sliding window of 16 where the model attends fully: in bfloat16 the error is far
+    beyond the bound, so the standard would catch such a bug."""
+    model_dir, ids = checkpoints["llama"], helpers.random_prompt(PROMPT_LEN, seed=5)
+    reference = hf_logits(model_dir, tuple(ids), torch.float32)
+    hf = position_error(hf_logits(model_dir, tuple(ids), torch.bfloat16), reference)
+    model = load_model(model_dir, torch.bfloat16, CPU, fast_paths=False)[0]
+    model.layers[0].self_attn.window = 16
+    ours = position_error(teacher_forced_logits(model, ids, "whole"), reference)
+    assert ours.max() > 3 * MAX_FACTOR * hf.max() and ours.mean() > 3 * MEAN_FACTOR * hf.mean()

@@ -1,0 +1,87 @@
+"""The plain path is the spec: ``LLM(ckpt, fast_paths=False)`` (model.py's paged attention and
+plain linear layers only) and ``fast_paths=True`` (internals/: attention kinds, oneDNN-packed
+linears) give the same greedy tokens, and both give Hugging Face's, on every architecture,
+over a workload that hits the prefix cache, chunks prefill and mixes decode with prefill."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import GreedyReference, assert_no_leak, greedy, make_llm, random_prompt
+from internals import fast_linear
+from internals.fast_linear import PackedLinear, PackedSiluMLP
+from model import load_model
+
+MAX_TOKENS = 12
+CPU = torch.device("cpu")
+
+
+def workload(seed: int) -> list[list[int]]:
+    """Prompts sharing a 40-token prefix (cache hits in the second round), and others of mixed
+    lengths, up to past mistral's 48-token sliding window."""
+    prefix = random_prompt(40, seed)
+    shared = [prefix + random_prompt(n, seed + 1 + n) for n in (3, 17, 30)]
+    return shared + [random_prompt(n, seed + 50 + n) for n in (1, 9, 64, 110)]
+
+
+def record_steps(llm) -> list[list[tuple[int, int]]]:
+    """(start, length) of every sequence's chunk in every forward, by wrapping prepare."""
+    steps, prepare = [], llm.model.prepare
+    llm.model.prepare = lambda chunks, block_size: (
+        steps.append([(c.start, c.length) for c in chunks]) or prepare(chunks, block_size))
+    return steps
+
+
+def run_twice(model_dir, fast_paths: bool, prompts):
+    """Two rounds on one engine (the second hits the prefix cache); outputs and step shapes."""
+    llm = make_llm(model_dir, fast_paths=fast_paths, block_size=8, max_num_batched_tokens=48,
+                   max_num_seqs=5)
+    steps = record_steps(llm)
+    outs = [llm.generate(prompts, greedy(MAX_TOKENS), use_tqdm=False) for _ in range(2)]
+    assert llm.stats()["prefix_cache_hits"] > 0
+    assert_no_leak(llm)
+    return [[o.token_ids for o in round_] for round_ in outs], steps
+
+
+def assert_workload_covered(steps) -> None:
+    """The shapes this test is about did occur: chunked prefill and decode mixed with prefill."""
+    continued = any(start > 0 and length > 1 for step in steps for start, length in step)
+    mixed = any({length == 1 for _, length in step} == {True, False} for step in steps)
+    assert continued and mixed, "the workload no longer chunks prefill or mixes decode with prefill"
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
+def test_plain_and_fast_paths_give_the_same_tokens_as_hf(checkpoints, arch):
+    prompts = workload(seed=300 + len(arch))
+    plain, plain_steps = run_twice(checkpoints[arch], False, prompts)
+    fast, fast_steps = run_twice(checkpoints[arch], True, prompts)
+    assert plain == fast
+    assert plain_steps == fast_steps
+    assert_workload_covered(plain_steps)
+    reference = GreedyReference(checkpoints[arch])
+    for round_ in plain:
+        reference.compare_all(prompts, round_, MAX_TOKENS)
+
+
+def test_plain_model_uses_no_fast_machinery(llama_dir):
+    model = load_model(llama_dir, "float32", CPU, fast_paths=False)[0]
+    assert model.fast_attention is None
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert len(linears) == 1 + 4 * len(model.layers)  # lm_head; qkv, o, gate_up, down per layer
+    assert not any(isinstance(m, (PackedLinear, PackedSiluMLP)) for m in model.modules())
+
+
+def test_packed_linears_compute_the_plain_linears(llama_dir):
+    """Where oneDNN runs here, every linear is packed and gives the plain layer's result."""
+    plain = load_model(llama_dir, "float32", CPU, fast_paths=False)[0]
+    fast = load_model(llama_dir, "float32", CPU, fast_paths=True)[0]
+    packed = [m for m in fast.modules() if isinstance(m, (PackedLinear, PackedSiluMLP))]
+    # Per layer qkv, o, the MLP and its down projection; then lm_head.
+    expected = 4 * len(fast.layers) + 1 if fast_linear.onednn_linears_usable(CPU, torch.float32) else 0
+    assert len(packed) == expected
+    x = torch.randn(5, plain.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        for plain_layer, fast_layer in zip(plain.layers, fast.layers):
+            torch.testing.assert_close(fast_layer.mlp(x), plain_layer.mlp(x), atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(fast_layer.self_attn.qkv_proj(x), plain_layer.self_attn.qkv_proj(x))
+        torch.testing.assert_close(fast.lm_head(x), plain.lm_head(x), atol=1e-5, rtol=1e-5)
