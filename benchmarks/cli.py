@@ -57,6 +57,7 @@ from benchmarks.workloads import (MODEL_SHAPES, SCALES, Sizes, Workload, build_c
 HF_BATCH, HF_PADDED = "hf-batch", "hf-padded"
 PEERS = (HF_BATCH, HF_PADDED, "vllm")  # "hf" names both HF modes
 DTYPES = ("float32", "bfloat16")
+IN_PROGRESS = "(run still in progress)"  # the markdown's last line while sections remain
 
 
 def parse_args(argv=None, shapes: dict | None = None) -> argparse.Namespace:
@@ -99,6 +100,9 @@ def parse_args(argv=None, shapes: dict | None = None) -> argparse.Namespace:
     p.add_argument("--json", help="write the results to this path")
     p.add_argument("--markdown", help="write the report as markdown to this path "
                                       "(e.g. docs/benchmarks_results.md)")
+    p.add_argument("--append-markdown", action="store_true",
+                   help="append this run's report to --markdown's file instead of replacing it "
+                        "(runs with different thread configurations in one file)")
     args = p.parse_args(argv)
     if args.repeats < 1:
         raise SystemExit(f"--repeats must be >= 1, got {args.repeats}")
@@ -288,10 +292,8 @@ def run_profile(ctx: BenchContext, f: Findings) -> None:
     peak = f.peaks["peak_flop_s"]
     f.prefill = ours_profile.bench_prefill(ctx.model_dir, ctx.workloads[0], s, facts, peak,
                                            dtype, device)
-    f.decode_bounds = [ours_profile.bench_decode_bound(ctx.model_dir, s, facts, dtype, device,
-                                                       f.bandwidth["bytes_s"], peak, batch)
-                       for batch in sorted({1, s.decode_batch})]
-    f.decode = ours_profile.bench_decode_overhead(ctx.model_dir, s, ctx.vocab, dtype, device)
+    f.decode_bounds, f.decode = ours_profile.bench_decode(ctx.model_dir, s, facts, dtype, device,
+                                                          f.bandwidth["bytes_s"], peak)
 
 
 # ----------------------------------------------------------------------------- main
@@ -384,7 +386,8 @@ def main(argv=None, sizes: Sizes | None = None, shapes: dict | None = None) -> d
             sections.append(run_section(args, base, combo, shapes, ckpts, device, i == 0))
             if args.markdown and i + 1 < len(args.combos):  # so far, in case a later one fails
                 write_markdown(args.markdown, argv, device, started,
-                               report_lines(sections) + ["", "(run still in progress)"])
+                               report_lines(sections) + ["", IN_PROGRESS],
+                               args.append_markdown)
     lines = print_report(sections, log)
     report = build_json(args, base, device, sections)
     if args.json:
@@ -392,7 +395,7 @@ def main(argv=None, sizes: Sizes | None = None, shapes: dict | None = None) -> d
             json.dump(report, out, indent=2, default=str)
         log(f"\nwrote {args.json}")
     if args.markdown:
-        write_markdown(args.markdown, argv, device, started, lines)
+        write_markdown(args.markdown, argv, device, started, lines, args.append_markdown)
         log(f"wrote {args.markdown}")
     return report
 
@@ -413,11 +416,17 @@ def cpu_name() -> str:
         return platform.processor() or "unknown"
 
 
-def write_markdown(path: str, argv, device: torch.device, started: float, lines: list[str]) -> None:
-    """The whole report as a markdown file: how it was made, then every table."""
+def write_markdown(path: str, argv, device: torch.device, started: float, lines: list[str],
+                   append: bool = False) -> None:
+    """The whole report as a markdown file: how it was made, then every table. ``append``: after
+    what the file holds (written by an earlier run), from the last complete run on."""
     command = "python bench.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    head = ["# Benchmark results", "",
-            "Written by the bench itself (`benchmarks/cli.py`, `--markdown`); regenerate, don't edit.", "",
+    earlier = completed_markdown(path) if append else ""
+    title = (["", "---", "", "# Another run"] if earlier else
+             ["# Benchmark results", "",
+              "Written by the bench itself (`benchmarks/cli.py`, `--markdown`); regenerate, "
+              "don't edit."])
+    head = title + ["",
             f"- command: `{command}`",
             f"- run: {time.strftime('%Y-%m-%d %H:%M', time.localtime(started))} to "
             f"{time.strftime('%H:%M', time.localtime())}; device {device}; {cpu_name()}, "
@@ -427,7 +436,15 @@ def write_markdown(path: str, argv, device: torch.device, started: float, lines:
             "it (others' cores), so compare figures within a run, and read them as noisy where "
             "that column is high."]
     with open(path, "w") as out:
-        out.write("\n".join(head + lines) + "\n")
+        out.write(earlier + "\n".join(head + lines) + "\n")
+
+
+def completed_markdown(path: str) -> str:
+    """What an earlier run wrote to `path`, its in-progress mark dropped ('' if none)."""
+    if not os.path.exists(path):
+        return ""
+    with open(path) as f:
+        return f.read().replace(f"\n{IN_PROGRESS}\n", "\n")
 
 
 def build_json(args, base: Sizes, device: torch.device, sections: list[Section]) -> dict:

@@ -23,7 +23,8 @@ from .workloads import Sizes, Workload, random_tokens, torch_dtype
 # The model's linears run as oneDNN kernels on CPU float32 (model.Linear); they are matmuls too.
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul",
               "aten::linear", "mkldnn::_linear_pointwise", "mkldnn::_linear_pointwise.binary")
-PROFILED_PREFILL_PROMPTS = 4  # prompts of workload (a) prefilled under the profiler
+PROFILED_PREFILL_PROMPTS = 1  # prompts of workload (a) prefilled under the profiler
+PREFILL_BUDGETS = 2  # the timed prefill: enough of (a)'s prompts for this many full token budgets
 DECODED_BEFORE_TIMING = 3  # each request's first token and two warm-up steps (decoding_batch)
 
 
@@ -107,22 +108,35 @@ def prefill(llm: LLM, prompts: list[list[int]]) -> tuple[float, int]:
 
 def bench_prefill(model_dir: str, w: Workload, s: Sizes, facts: dict, peak: float, dtype: str,
                   device: torch.device) -> dict:
-    """Our prefill alone: the workload's prompts with max_tokens=1 on a fresh LLM, then a few of
-    them again (on a fresh LLM) under the profiler for the top ops."""
+    """Our prefill alone: the first of the workload's prompts (enough for PREFILL_BUDGETS full
+    token budgets) with max_tokens=1 on a fresh LLM, then one of them again (on a fresh LLM)
+    under the profiler for the top ops."""
+    prompts = leading_prompts(w.prompts, PREFILL_BUDGETS * s.max_batched_tokens)
     seconds, computed = prefill(LLM(model_dir, **engine_args(w, s, model_dir, dtype, str(device))),
-                                w.prompts)
+                                prompts)
     dense = 2 * facts["params_without_embedding"] * computed
-    attn = attention_flops(w.prompts, facts)
+    attn = attention_flops(prompts, facts)
     few = w.prompts[:PROFILED_PREFILL_PROMPTS]
     llm = LLM(model_dir, **engine_args(w, s, model_dir, dtype, str(device)))
     with profiler(device) as prof:
         _, profiled_tokens = prefill(llm, few)
-    return dict(prefill_s=seconds, prompt_tokens_computed=computed, dense_flops=dense,
+    return dict(prompts=len(prompts), prefill_s=seconds, prompt_tokens_computed=computed,
+                dense_flops=dense,
                 attention_flops=attn, dense_flop_s=dense / seconds,
                 matmul_peak_flop_s=peak, mfu=dense / seconds / peak,
                 mfu_with_attention=(dense + attn) / seconds / peak,
                 profiled_prompts=len(few), profiled_tokens=profiled_tokens,
                 top_ops_ms=top_ops(prof, device, 1))
+
+
+def leading_prompts(prompts: list[list[int]], tokens: int) -> list[list[int]]:
+    """The first prompts that together hold at least `tokens` tokens (or all of them)."""
+    total = 0
+    for i, p in enumerate(prompts):
+        total += len(p)
+        if total >= tokens:
+            return prompts[:i + 1]
+    return prompts
 
 
 def profiler(device: torch.device):
@@ -131,15 +145,12 @@ def profiler(device: torch.device):
     return profile(activities=activities)
 
 
-def bench_decode_overhead(model_dir: str, s: Sizes, vocab: int, dtype: str,
-                          device: torch.device) -> dict:
+def bench_decode_overhead(llm: LLM, s: Sizes, device: torch.device, wall: float) -> dict:
     """Share of a batch-N decode step outside matmuls (torch.profiler self times).
 
-    The step time comes from the same number of steps run without the profiler, so the
-    profiler's overhead does not inflate the share; its own wall-based share is reported too.
+    ``wall``: the seconds of the same number of steps run just before without the profiler, so
+    the profiler's overhead does not inflate the share; its own wall-based share is given too.
     """
-    llm = decoding_batch(model_dir, s, vocab, dtype, device, s.decode_batch)
-    wall = timed_steps(llm, s.decode_batch, s.decode_steps)
     with profiler(device) as prof:
         prof_wall = timed_steps(llm, s.decode_batch, s.decode_steps)
     mm_us = matmul_us(prof, device)
@@ -150,15 +161,27 @@ def bench_decode_overhead(model_dir: str, s: Sizes, vocab: int, dtype: str,
                 top_ops_ms_per_step=top_ops(prof, device, s.decode_steps))
 
 
-def bench_decode_bound(model_dir: str, s: Sizes, facts: dict, dtype: str, device: torch.device,
-                       bandwidth: float, peak: float, batch: int) -> dict:
+def bench_decode(model_dir: str, s: Sizes, facts: dict, dtype: str, device: torch.device,
+                 bandwidth: float, peak: float) -> tuple[list[dict], dict]:
+    """(a step against the bound at batch 1 and at batch N, the batch-N step's overhead)."""
+    bounds, overhead = [], None
+    for batch in sorted({1, s.decode_batch}):
+        llm = decoding_batch(model_dir, s, facts["vocab_size"], dtype, device, batch)
+        wall = timed_steps(llm, batch, s.decode_steps)
+        bounds.append(decode_bound(model_dir, s, facts, dtype, batch, wall, bandwidth, peak))
+        if batch == s.decode_batch:
+            overhead = bench_decode_overhead(llm, s, device, wall)
+    return bounds, overhead
+
+
+def decode_bound(model_dir: str, s: Sizes, facts: dict, dtype: str, batch: int, wall: float,
+                 bandwidth: float, peak: float) -> dict:
     """A batch-`batch` decode step against the weight-streaming bound (weight bytes / bandwidth).
 
     Also given: the bound with the KV the step reads added (each sequence's whole context; the
     mean context over the timed steps), and the compute floor (dense FLOPs / matmul peak).
     """
-    llm = decoding_batch(model_dir, s, facts["vocab_size"], dtype, device, batch)
-    step_s = timed_steps(llm, batch, s.decode_steps) / s.decode_steps
+    step_s = wall / s.decode_steps
     weights = weight_bytes_per_step(facts, dtype)
     context = s.decode_prompt + DECODED_BEFORE_TIMING + s.decode_steps / 2
     kv = batch * context * kv_bytes_per_token(model_dir, dtype)
