@@ -2,18 +2,23 @@
 
 A shared-prefix workload runs in two rounds (round 2 repeats round 1 and adds follow-up
 turns that extend round 1's conversations) on three engines: prefix cache off,
-``hash_strategy="recompute"`` (the chapter's "before", step14) and ``"incremental"``
-(step14_5). It prints the chapter's table from the engines' own counters, cache and
-throughput figures per round, and checks that every run produced identical tokens.
+``hash_strategy="recompute"`` (the chapter's "before", its Paged Prefix Cache) and
+``"incremental"`` (step14_5). It prints the chapter's table from the engines' own counters,
+cache and throughput figures per round, and checks that every run produced identical tokens.
+The two cache-on engines run twice each, in the order recompute, incremental, incremental,
+recompute, so their timing columns do not depend on which one runs first.
 
     python run.py                      # the shipped demo model (demo_model/)
     python run.py --model DIR          # any local Llama / Qwen2 / Qwen3 / Mistral checkpoint
     python run.py --chain              # one request's chain of block hashes, block by block
     python run.py --show-blocks 1      # draw the KV pool after step 1 of each round
     python run.py --plot docs          # also write the figures (PNG) into docs/
+    python run.py --html steps.html    # a page that plays a small run step by step
+    python run.py --html steps.html --screenshot docs/step_page.png   # and one step as PNG
 
-The chapter's table (its rows, their definitions, the rule) is chapter_table.py; the --chain
-tracer is chain_view.py; the figures are demo_plots.py.
+The chapter's table (its rows, their definitions, the rule) is teaching/chapter_table.py; the
+--chain tracer is teaching/chain_view.py; the figures are teaching/demo_plots.py; the page is
+teaching/step_page.py. For one Sequence at the REPL: ``python -m teaching.poke``.
 """
 from __future__ import annotations
 
@@ -22,7 +27,7 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -30,13 +35,16 @@ import torch
 from tqdm.auto import tqdm
 
 from engine import LLM, SamplingParams
-from teaching.chapter_table import STRATEGIES, HashMeter, chapter_rows, prefill_ms, print_chapter_table
+from teaching.chapter_table import (COLUMN_NAMES, STRATEGIES, HashMeter, chapter_rows, prefill_ms,
+                                    print_chapter_table)
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_MODEL = HERE / "demo_model"
 MODES = {"cache off": dict(enable_prefix_caching=False),
          "recompute": dict(hash_strategy="recompute"),
          "incremental": dict(hash_strategy="incremental")}
+# Each cache-on engine runs twice, in mirrored order, so neither always runs first.
+RUN_ORDER = ("cache off", "recompute", "incremental", "incremental", "recompute")
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -69,8 +77,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--change-at", type=int, default=None, metavar="K",
                    help="--chain: the token position to change (default: the middle of the prompt)")
     p.add_argument("--plot", default=None, metavar="DIR", help="also write the figures as PNG files into DIR")
+    p.add_argument("--html", default=None, metavar="FILE",
+                   help="instead: write a self-contained page that plays a small run step by step")
+    p.add_argument("--screenshot", default=None, metavar="PNG",
+                   help="--html: also save one step of the page as PNG (needs chromium)")
+    p.add_argument("--step", type=int, default=None,
+                   help="--screenshot: the step to show (default: the step with the most kinds of events)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.screenshot and not args.html:
+        p.error("--screenshot draws a step of the --html page: give --html FILE too")
+    return args
 
 
 def engine_args(args) -> dict:
@@ -118,6 +135,7 @@ class RoundResult:
     ttft: list[float]
     stats: dict
     hash_us: float  # time spent inside the hash calls this round
+    run_ttfts: list[float] = field(default_factory=list)  # mean TTFT of each run merged into this one
 
     @property
     def output_tokens(self) -> int:
@@ -162,17 +180,35 @@ def print_rounds(results: dict) -> None:
 
 
 def print_round_notes(results: dict) -> None:
-    """What the columns compare, and why round 2's hash counts can be equal."""
+    """What the columns mean, how the timings were taken, and what they show this run."""
     worst = max(r.hash_us for mode in STRATEGIES for r in results[mode])
-    print(f"  TTFT and out tok/s compare the prefix cache on vs off (step14's paged prefix cache); "
-          f"recompute vs\n  incremental (step14_5) differ in the hash columns only, at most "
-          f"{worst / 1000:.1f} ms of hashing per round here,\n  so their TTFT and tok/s differences "
-          f"are run-to-run noise.")
+    print("  TTFT: time to first token, mean over the round's requests; out tok/s: output tokens per "
+          "second of wall time.\n  recompute = " + COLUMN_NAMES["recompute"] + ", the chapter's "
+          "\"before\"; incremental = " + COLUMN_NAMES["incremental"] + ".\n  Run order: "
+          + ", ".join(RUN_ORDER) + ";\n  each cache-on engine's timing columns are the mean of its "
+          "two runs, so neither strategy always runs first.")
+    for n, (r, i) in enumerate(zip(results["recompute"], results["incremental"]), 1):
+        print("  " + ttft_comparison(n, r, i))
+    print(f"  Hashing takes at most {worst / 1000:.1f} ms per round here, so a TTFT gap between the "
+          f"strategies larger than that\n  comes from the machine (run order, caches, other load), "
+          f"not from hashing.")
     r2 = [results[mode][1].stats["hash_computations"] for mode in STRATEGIES]
     if r2[0] == r2[1]:
         print("  Round 2's hashes are equal: each request is a new Sequence looked up once whose full "
               "prompt blocks\n  all hit, so recompute has no prompt block to hash again at save: "
               "both hash each full block once.")
+
+
+def ttft_comparison(n: int, r: RoundResult, i: RoundResult) -> str:
+    """One round's TTFT under both strategies, each run shown, and the gap against the spread."""
+    ms = [[1000 * t for t in x.run_ttfts] for x in (r, i)]
+    means = [statistics.mean(m) for m in ms]
+    gap, spread = abs(means[0] - means[1]), max(max(m) - min(m) for m in ms)
+    verdict = "within" if gap <= spread else "larger than"
+    runs = [" / ".join(f"{t:.1f}" for t in m) for m in ms]
+    return (f"round {n} TTFT ms: recompute {means[0]:.1f} (runs {runs[0]}), incremental {means[1]:.1f} "
+            f"(runs {runs[1]}):\n    a gap of {gap:.1f} ms, {verdict} the {spread:.1f} ms between two runs "
+            f"of one engine")
 
 
 def print_samples(llm: LLM, prompts, token_ids, count: int = 3) -> None:
@@ -189,6 +225,8 @@ def draw_pool(llm: LLM, title: str) -> str:
     """The KV pool as a learner wants to see it: block tables, sharing, cached hashes, waiting."""
     bm, lines, owners = llm.block_manager, [], {}
     lines.append(f"\n=== KV pool {title}: {bm.num_blocks} blocks of {llm.block_size} tokens ===")
+    lines.append("  (N/M tokens computed: N of the sequence's M tokens so far have K/V in the pool; "
+                 "blocks: its block table)")
     for seq in llm.scheduler.running:
         for b in seq.block_table:
             owners.setdefault(b, []).append(seq.request_id)
@@ -202,7 +240,16 @@ def draw_pool(llm: LLM, title: str) -> str:
         by_owners.setdefault(tuple(seqs), []).append(block_id)
     lines.append(f"  shared blocks: {len(shared)}" + "".join(
         f"\n    blocks {_ranges(sorted(ids))} shared by seqs {', '.join(seqs)}" for seqs, ids in by_owners.items()))
-    return "\n".join(lines + _pool_map(llm, shared) + _cached_hashes(llm))
+    return "\n".join(lines + _pool_map(llm, shared) + _cached_hashes(llm) + _twin_note(llm))
+
+
+def _twin_note(llm: LLM) -> list[str]:
+    """Why a block table can change between steps with no new block: twin folding."""
+    events = llm.prefix_cache.events if llm.prefix_cache else None
+    so_far = "" if events is None else f" ({sum(e.kind == 'twin' for e in events)} so far in this engine)"
+    return ["  Blocks [a-b c] are pool block ids. Twin folding" + so_far + ":\n  when two sequences fill "
+            "identical blocks, the later one switches to the block cached first and\n  frees its own "
+            "copy, so a table like [0-31 58] can become [0-32] between steps with no block added."]
 
 
 def _pool_map(llm: LLM, shared: dict) -> list[str]:
@@ -247,6 +294,8 @@ def main(argv=None) -> int:
     if args.chain:
         from teaching import chain_view
         return chain_view.main(args)
+    if args.html:
+        return page_main(args)
     model_dir = Path(args.model)
     demo = run_all_modes(args, model_dir)
     llm = demo.engine
@@ -254,6 +303,7 @@ def main(argv=None) -> int:
           f"{llm.block_size}, {args.num_requests} requests/round, {args.max_tokens} new tokens each, "
           f"device {llm.device}, dtype {str(llm.dtype).removeprefix('torch.')}, "
           f"torch threads: {torch.get_num_threads()}")
+    print(shared_prefix_line(demo.first_prompts, llm.block_size))
     for pool in demo.pools:
         print(pool)
     print_samples(llm, demo.first_prompts, demo.tokens["incremental"][0])
@@ -264,8 +314,35 @@ def main(argv=None) -> int:
     print_rounds(demo.results)
     if args.plot:
         from teaching import demo_plots
-        demo_plots.write_all(Path(args.plot), demo.results, args.block_size)
+        demo_plots.write_all(Path(args.plot), rows, len(longest), str(model_dir), engine_args(args))
     return report_identical(demo.tokens, args.num_requests)
+
+
+def shared_prefix_line(prompts: list[list[int]], block_size: int) -> str:
+    """How many leading token ids all round-1 prompts share (what the cache can serve them all)."""
+    shared = 0
+    while all(len(p) > shared and p[shared] == prompts[0][shared] for p in prompts):
+        shared += 1
+    return (f"The {len(prompts)} round-1 prompts share their first {shared} token ids "
+            f"({shared // block_size} full blocks of {block_size}), then differ.")
+
+
+def page_main(args) -> int:
+    """``--html FILE`` (and ``--screenshot PNG``): the step-through page of a small run."""
+    from teaching import step_page
+    path = Path(args.html)
+    data = step_page.write_page(path, args.model, dict(device=args.device, dtype=args.dtype, seed=args.seed))
+    last = data["steps"][-1]
+    pool = step_page.PAGE_ENGINE
+    print(f"Wrote {path}: {len(data['steps'])} engine steps, {len(data['scenes'])} scenes, a pool of "
+          f"{pool['num_kv_blocks']} blocks of {pool['block_size']} tokens.\n  Hash calls over the run: "
+          + ", ".join(f"{COLUMN_NAMES[s]} {last[s]['counters']['hash_computations']}" for s in STRATEGIES)
+          + f".\n  Open {path.resolve().as_uri()}#step=1 (any N in #step=N) in a browser.")
+    if args.screenshot:
+        step = args.step or step_page.busiest_step(data)
+        step_page.screenshot(path, Path(args.screenshot), step)
+        print(f"Wrote {args.screenshot}: step {step} of the page")
+    return 0
 
 
 @dataclass
@@ -278,27 +355,62 @@ class DemoRun:
 
 
 def run_all_modes(args, model_dir: Path) -> DemoRun:
-    """Both rounds on each engine; the pool drawings (``--show-blocks``) are kept for later."""
+    """Both rounds on each engine, in ``RUN_ORDER``; repeated runs of an engine are merged
+    (same counts, mean timings). The first incremental run draws the pool (``--show-blocks``)."""
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
-    demo = DemoRun({}, {}, [], None, [])
-    for mode, kw in MODES.items():
-        llm = LLM(str(model_dir), **engine_args(args), **kw)
-        meter = HashMeter(llm.prefix_cache) if llm.prefix_cache else None
-        first = round1_prompts(llm, model_dir, args.num_requests, args.seed)
-        llm.generate([first[0][:8]], SamplingParams(max_tokens=2), use_tqdm=False)  # warm-up
-        llm.reset_prefix_cache()
-        rounds = []
-        for n in (1, 2):
-            prompts = first if n == 1 else round2_prompts(first, rounds[0].token_ids)
-            show = pool_drawer(demo.pools, args.show_blocks, n) if mode == "incremental" else None
-            rounds.append(run_round(llm, prompts, params, f"{mode} round {n}", not args.no_progress,
-                                    on_step=show, meter=meter))
-        demo.results[mode], demo.tokens[mode] = rounds, tuple(r.token_ids for r in rounds)
-        demo.engine, demo.first_prompts = llm, first
+    demo, runs = DemoRun({}, {}, [], None, []), {}
+    for mode in RUN_ORDER:
+        draws = mode == "incremental" and mode not in runs
+        llm, first, rounds = run_mode(args, model_dir, mode, params, demo.pools if draws else None)
+        runs.setdefault(mode, []).append(rounds)
+        if draws:
+            demo.engine, demo.first_prompts = llm, first
+    demo.results = {mode: merge_runs(mode_runs) for mode, mode_runs in runs.items()}
+    demo.tokens = {mode: tuple(r.token_ids for r in rounds) for mode, rounds in demo.results.items()}
     return demo
 
 
+def run_mode(args, model_dir: Path, mode: str, params, pools: list | None):
+    """A fresh engine for ``mode``, warmed up, through both rounds; ``pools``: where the
+    ``--show-blocks`` drawings go (None: draw nothing)."""
+    llm = LLM(str(model_dir), **engine_args(args), **MODES[mode])
+    meter = HashMeter(llm.prefix_cache) if llm.prefix_cache else None
+    if pools is not None and args.show_blocks is not None:
+        llm.prefix_cache.events = []  # the drawings count twin foldings from the trace
+    first = round1_prompts(llm, model_dir, args.num_requests, args.seed)
+    llm.generate([first[0][:8]], SamplingParams(max_tokens=2), use_tqdm=False)  # warm-up
+    llm.reset_prefix_cache()
+    rounds = []
+    for n in (1, 2):
+        prompts = first if n == 1 else round2_prompts(first, rounds[0].token_ids)
+        show = pool_drawer(pools, args.show_blocks, n) if pools is not None else None
+        rounds.append(run_round(llm, prompts, params, f"{mode} round {n}", not args.no_progress,
+                                on_step=show, meter=meter))
+    return llm, first, rounds
+
+
+COUNT_KEYS = ("prompt_tokens_computed", "prompt_tokens_cached", "prefix_cache_queries",
+              "prefix_cache_hits", "hash_computations", "evictions", "preemptions")
+
+
+def merge_runs(runs: list[list[RoundResult]]) -> list[RoundResult]:
+    """One result per round from repeated runs of one engine: counts and tokens must agree;
+    TTFT, wall time and hash µs are the mean over the runs."""
+    merged = []
+    for rounds in zip(*runs):
+        first = rounds[0]
+        for r in rounds[1:]:
+            if r.token_ids != first.token_ids or any(r.stats[k] != first.stats[k] for k in COUNT_KEYS):
+                raise RuntimeError("two runs of one engine differ in tokens or counts")
+        ttft = [statistics.mean(per_request) for per_request in zip(*(r.ttft for r in rounds))]
+        merged.append(RoundResult(first.token_ids, statistics.mean(r.wall for r in rounds), ttft,
+                                  first.stats, statistics.mean(r.hash_us for r in rounds),
+                                  [statistics.mean(r.ttft) for r in rounds]))
+    return merged
+
+
 def pool_drawer(pools: list, step: int | None, round_no: int):
+    """Draw the pool into ``pools`` after ``step`` of this round (None: never)."""
     if step is None:
         return None
     note = " (request ids are per engine; 0 was its warm-up)" if round_no == 1 else ""

@@ -117,21 +117,41 @@ def hexh(h: int | None) -> str:
     return "-" * 16 if h is None else f"{h:016x}"
 
 
-def print_cold_and_again(llm: LLM, tokens: list[int], cold: dict, again: dict) -> None:
+def generated_part(first: int, last: int, prompt_len: int) -> str:
+    """The positions in [first, last] that were generated, not prompted ('-' for none)."""
+    if last < prompt_len:
+        return "-"
+    start = max(first, prompt_len)
+    return str(start) if start == last else f"{start}-{last}"
+
+
+def print_cold_and_again(llm: LLM, tokens: list[int], cold: dict, again: dict, prompt_len: int) -> None:
     bs = llm.block_size
     print("\n1) The request cold (cache empty), then the same prompt again as a new request")
-    print(f"  {'blk':>3s} {'tokens':>9s}  {'text':16s}  {'parent hash':16s} -> {'block hash':16s}  "
-          f"{'cold':4s} {'saved in':>8s}  {'hash came from':37s} {'again':5s} {'from':>4s}")
+    print(f"  {'blk':>3s} {'tokens':>9s} {'generated':>9s}  {'text':16s}  {'parent hash':16s} -> "
+          f"{'block hash':16s}  {'cold':4s} {'saved in':>8s}  {'hash came from':37s} {'again':5s} {'from':>4s}")
     for i, b in cold.items():
         a = again.get(i, BlockTrace())
         saved = f"{b.block_id} ({b.saved})" if b.saved == "twin" else str(b.block_id) if b.saved else "-"
-        print(f"  {i:>3d} {i * bs:>4d}-{(i + 1) * bs - 1:<4d}  {excerpt(llm, tokens[i * bs:(i + 1) * bs]):16s}  "
+        first, last = i * bs, (i + 1) * bs - 1
+        print(f"  {i:>3d} {first:>4d}-{last:<4d} {generated_part(first, last, prompt_len):>9s}  "
+              f"{excerpt(llm, tokens[first:last + 1]):16s}  "
               f"{hexh(b.parent_hash)} -> {hexh(b.block_hash)}  {lookup_word(b):4s} {saved:>8s}  "
               f"{', '.join(s.value for s in b.sources):37s} {lookup_word(a):5s} "
               f"{a.block_id if a.lookups and a.lookups[-1] == 'hit' else '-':>4}")
-    print("  cold/again: the lookup's verdict for that block (- : not probed; the lookup stops at the "
-          "first miss,\n  and the block holding the last token is never served from cache). "
-          "'from': the cached block that served the hit.")
+    print(f"  generated: positions in the block that the model generated (the prompt is positions "
+          f"0-{prompt_len - 1}).\n  cold/again: the lookup's verdict for that block (- : not probed; "
+          "the lookup stops at the first miss,\n  and the block holding the last token is never served "
+          "from cache). 'from': the cached block that served the hit.")
+
+
+def print_cold_count(cold: int, again: int, prompt_blocks: int) -> None:
+    """The cold count, and why it is not the chapter table's cold row (which decodes one token)."""
+    decode = cold - prompt_blocks
+    print(f"  Hash calls: cold {cold} = {prompt_blocks} prompt blocks precomputed at lookup + {decode} "
+          f"block{'s' * (decode != 1)} completed during decode, hashed once at save.\n  The chapter's "
+          f"table counts {prompt_blocks} for its cold row: it asks for one new token, so no block "
+          f"fills in decode.\n  Again: {again} (a new Sequence builds its own chain once, then reads it).")
 
 
 def lookup_word(b: BlockTrace) -> str:
@@ -164,8 +184,8 @@ def print_changed(llm: LLM, prompt: list[int], k: int, before: dict, after: dict
 
 def print_recompute(cold_r: dict, again_r: dict, cold_i: dict, again_i: dict) -> None:
     """Part 3: hash calls per block, consecutive blocks with the same counts on one line."""
-    print("\n3) The same two requests under hash_strategy=\"recompute\" (step14, the chapter's \"before\"): "
-          "hash calls per block")
+    print("\n3) The same two requests under hash_strategy=\"recompute\" (the chapter's \"before\", its Paged "
+          "Prefix Cache): hash calls per block")
     print(f"  {'blocks':>9s}  {'recompute: cold lookup+save':>27s}  {'again lookup+save':>17s}   "
           f"{'incremental: cold':>17s}  {'again':>5s}")
     rows = [(i, (b.calls_at_lookup, b.calls_at_save, again_r.get(i, BlockTrace()).calls_at_lookup,
@@ -196,7 +216,9 @@ def group_runs(rows: list[tuple[int, tuple]]) -> list[tuple[int, int, tuple]]:
 
 
 def print_wait(results: dict[str, list]) -> None:
-    print("\n4) The in-flight wait: the prompt sent twice at once (cache empty, a step budget that fits both)")
+    print("\n4) The in-flight wait: the prompt sent twice at once (cache empty, a step budget that fits both).\n"
+          "  The in-flight rule: a request whose next block another running request is computing right "
+          "now waits\n  one step instead of computing it twice; then that block is a cache hit.")
     for strategy, events in results.items():
         waits = sum(e.kind == "wait" and e.request_id == "1" for e in events)
         print(f"  {strategy:11s}: request 0 made {hash_calls(events, '0'):>3d} hash calls; request 1 waited "
@@ -216,10 +238,8 @@ def main(args) -> int:
     cold_events, (tokens,) = traced(llm, [prompt], decode)
     again_events, _ = traced(llm, [prompt], decode)
     cold, again = trace_blocks(cold_events, "0"), trace_blocks(again_events, "1")
-    print_cold_and_again(llm, tokens, cold, again)
-    print(f"  Hash calls: cold {hash_calls(cold_events, '0')} (one per full block: precomputed at "
-          f"lookup, or at save for a block completed\n  during decode); again "
-          f"{hash_calls(again_events, '1')} (a new Sequence builds its own chain once, then reads it).")
+    print_cold_and_again(llm, tokens, cold, again, len(prompt))
+    print_cold_count(hash_calls(cold_events, "0"), hash_calls(again_events, "1"), len(prompt) // llm.block_size)
     changed = list(prompt)
     changed[k] = (prompt[k] + 1) % llm.model_config.vocab_size
     changed_events, _ = traced(llm, [changed], 1)
@@ -248,5 +268,6 @@ def print_header(llm: LLM, prompt: list[int], decode: int) -> None:
           f"block_size {bs} -> {n} full blocks{partial};\n  {decode} new tokens, so decode completes "
           f"a block too. Torch threads: {torch.get_num_threads()}.")
     print("  block hash = xxh3_64(the block's token ids as int64 bytes, seed = the parent's hash); "
-          "block 0's parent is\n  the root, 0 (or the cache_salt's hash). One hash names the whole "
-          "prefix up to its block.")
+          "block 0's parent is\n  the root, 0 (or, for a request with a cache_salt -- an optional "
+          "string that keeps requests with\n  different salts from sharing blocks -- the salt's hash). "
+          "One hash names the whole prefix up to its block.")

@@ -51,6 +51,23 @@ def test_printed_hashes_are_the_chain(chain_output):
     assert "computed at decode" in part(out, 1)  # decode completed a block too
 
 
+def test_generated_tokens_are_marked_and_the_cold_count_explained(chain_output):
+    _, out, prompt = chain_output
+    rows = re.findall(r"^ +(\d+) +(\d+)-(\d+) +(\S+)  ", part(out, 1), re.M)
+    assert rows, out
+    for _, start, end, generated in rows:
+        start, end = int(start), int(end)
+        expected = "-" if end < len(prompt) else \
+            f"{max(start, len(prompt))}" + ("" if max(start, len(prompt)) == end else f"-{end}")
+        assert generated == expected
+    assert any(g != "-" for *_, g in rows)  # decode filled a block
+    cold = re.search(r"cold (\d+) = (\d+) prompt blocks precomputed at lookup \+ (\d+) block", part(out, 1))
+    total, prompt_blocks, decode = map(int, cold.groups())
+    assert prompt_blocks == len(prompt) // BLOCK and total == prompt_blocks + decode
+    assert decode == sum(g != "-" for *_, g in rows)
+    assert f"The chapter's table counts {prompt_blocks} for its cold row" in part(out, 1)
+
+
 def test_one_changed_token_changes_its_block_and_every_later_one(chain_output):
     _, out, prompt = chain_output
     rows = re.findall(r"^ +(\d+) +\d+-\d+ +[0-9a-f]{16} (==|!=) [0-9a-f]{16}  (\S+)", part(out, 2), re.M)

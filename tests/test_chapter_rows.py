@@ -4,11 +4,13 @@ counts follow the rule printed under the table, for a prompt that is a block mul
 one that is not."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
-from teaching.chapter_table import ROWS, RULE, STRATEGIES, chapter_rows
+from teaching import poke
+from teaching.chapter_table import ROWS, RULE, STRATEGIES, HashMeter, chapter_llm, chapter_rows, measure_rows
 from demo_output import squash
 from helpers import random_prompt
 
@@ -46,3 +48,33 @@ def test_readme_quotes_each_row_definition_and_the_rule():
         assert squash(f"{row.label.strip()}: {row.definition}") in readme, row.label
     for sentence in RULE:
         assert squash(sentence) in readme
+
+
+def test_measuring_replaces_no_method(llama_dir):
+    """The meter wraps the cache's swappable ``hash_fn`` and reads ``events``; the chapter's
+    methods stay the class's own."""
+    prompt = random_prompt(40, seed=2)
+    llm = chapter_llm(llama_dir, dict(block_size=BLOCK, max_num_seqs=2, device="cpu"), prompt)
+    pc = llm.prefix_cache
+    rows = measure_rows(llm, HashMeter(pc), prompt)
+    assert rows[ROWS[1].label].calls == 0  # incremental: nothing hashed at save
+    assert rows[ROWS[1].label].us == 0.0
+    replaced = {"_chain_hash", "_do_prefill_step", "_lookup_prefix_cache", "lookup", "cache_blocks"} & set(vars(pc))
+    assert replaced == set() and pc.events is None
+
+
+def test_poke_follows_the_rule():
+    """One Sequence of 10 tokens in blocks of 4, looked up twice."""
+    recompute, incremental = (poke.poke(s, list(range(10)), 4) for s in STRATEGIES)
+    assert [counter for *_, counter in recompute] == [2, 4]
+    assert [counter for *_, counter in incremental] == [2, 2]
+    chain = incremental[0][0]
+    assert len(chain) == 2 and all(used == chain for used, *_ in recompute + incremental)
+    assert all(kept == [] for _, kept, _ in recompute) and all(kept == chain for _, kept, _ in incremental)
+
+
+def test_poke_prints_both_strategies(capsys):
+    assert poke.main([]) == 0
+    out = capsys.readouterr().out
+    assert "Paged Prefix Cache (recompute)" in out and "step14_5 (incremental)" in out
+    assert [int(n) for n in re.findall(r"cache.hash_computations +(\d+)", out)] == [2, 4, 2, 2]

@@ -2,6 +2,10 @@
 live and follow the rule it prints, and --show-blocks / --help must say what they mean."""
 from __future__ import annotations
 
+import json
+import re
+import statistics
+
 import pytest
 
 import run
@@ -25,9 +29,64 @@ def test_run_demo_small(llama_dir, capsys):
     (cold_r, cold_i), (save_r, save_i), (again_r, again_i) = (counts[r.label] for r in ROWS[:3])
     assert cold_r == 2 * cold_i > 0 and save_r == cold_i and save_i == 0
     assert again_r == cold_i and again_i == 0
-    assert "TTFT and out tok/s compare the prefix cache on vs off" in out
+    assert "TTFT: time to first token" in out and "Paged Prefix Cache (recompute)" in out
     rounds = round_counts(out)
     assert rounds[("recompute", 1)][1:3] == rounds[("incremental", 1)][1:3]  # same computed, cached
+    check_ttft_lines(out)
+    assert "N/M tokens computed: N of the sequence's M tokens so far have K/V in the pool" in out and "Twin folding" in out
+    shared = int(re.search(r"share their first (\d+) token ids", out)[1])
+    assert shared > 0
+
+
+TTFT_LINE = re.compile(r"round (\d) TTFT ms: recompute ([\d.]+) \(runs ([\d.]+) / ([\d.]+)\), incremental "
+                       r"([\d.]+) \(runs ([\d.]+) / ([\d.]+)\):\n    a gap of ([\d.]+) ms, (within|larger than) "
+                       r"the ([\d.]+) ms between two runs of one engine")
+
+
+def check_ttft_lines(out: str) -> None:
+    """Each engine's TTFT is the mean of its two runs (as in the table), and the verdict is
+    what those printed numbers say."""
+    lines = TTFT_LINE.findall(out)
+    assert [int(line[0]) for line in lines] == [1, 2]
+    for n, r, r1, r2, i, i1, i2, gap, verdict, spread in lines:
+        r, r1, r2, i, i1, i2, gap, spread = map(float, (r, r1, r2, i, i1, i2, gap, spread))
+        assert abs(r - (r1 + r2) / 2) <= 0.1 and abs(i - (i1 + i2) / 2) <= 0.1
+        assert abs(gap - abs(r - i)) <= 0.15
+        assert abs(spread - max(abs(r1 - r2), abs(i1 - i2))) <= 0.15
+        assert verdict == ("within" if gap <= spread else "larger than") or abs(gap - spread) <= 0.15
+        for engine, mean in (("recompute", r), ("incremental", i)):
+            row = re.search(rf"^  {engine} +{n} +[\d.]+% +\d+ +\d+ +([\d.]+) ", out, re.M)
+            assert abs(float(row[1]) - mean) <= 0.1
+
+
+def test_merged_runs_keep_counts_and_average_timings():
+    stats = dict.fromkeys(run.COUNT_KEYS, 3)
+    a = run.RoundResult([[1, 2]], 2.0, [0.1, 0.3], stats, 10.0)
+    b = run.RoundResult([[1, 2]], 4.0, [0.3, 0.5], stats, 20.0)
+    merged, = run.merge_runs([[a], [b]])
+    assert merged.wall == 3.0 and merged.ttft == [0.2, 0.4] and merged.hash_us == 15.0
+    assert merged.run_ttfts == [statistics.mean(a.ttft), statistics.mean(b.ttft)]
+    other = run.RoundResult([[1, 2]], 4.0, [0.3, 0.5], stats | {"hash_computations": 4}, 20.0)
+    with pytest.raises(RuntimeError, match="differ in tokens or counts"):
+        run.merge_runs([[a], [other]])
+
+
+def test_html_writes_the_page_and_prints_its_counts(llama_dir, tmp_path, capsys):
+    page = tmp_path / "steps.html"
+    assert run.main(["--model", llama_dir, "--html", str(page), "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    payload = re.search(r'<script id="data" type="application/json">(.*?)</script>', page.read_text(), re.S)[1]
+    data = json.loads(payload)
+    last = data["steps"][-1]
+    for name, strategy in (("Paged Prefix Cache (recompute)", "recompute"), ("step14_5 (incremental)", "incremental")):
+        assert f"{name} {last[strategy]['counters']['hash_computations']}" in out
+    assert f"{len(data['steps'])} engine steps" in out and "#step=1" in out
+
+
+def test_screenshot_needs_the_page(capsys):
+    with pytest.raises(SystemExit):
+        run.parse_args(["--screenshot", "x.png"])
+    assert "give --html FILE too" in capsys.readouterr().err
 
 
 def test_help_shows_each_default_once(capsys):
