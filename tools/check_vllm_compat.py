@@ -36,6 +36,7 @@ EOS = 2
 CHAT_TEMPLATE = ("{% for m in messages %}{{ 'w10' if m['role'] == 'user' else 'w11' }} "
                  "{{ m['content'] }} {% endfor %}{% if add_generation_prompt %}w11 {% endif %}")
 ENGINE_ARGS = dict(dtype="float32", max_model_len=512, max_num_seqs=16, block_size=32, seed=0,
+                   disable_log_stats=False,  # vLLM: get_metrics() needs stat logging on
                    enforce_eager=True, enable_prefix_caching=True, max_num_batched_tokens=512,
                    kv_cache_memory_bytes=64 << 20)
 PROMPTS = ["w12 w7 w300 w45 w1999 w5", "w100 w200 w300", "w8 w8 w9 w1000 w17 w23 w42 w4",
