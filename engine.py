@@ -27,10 +27,14 @@ from api.checkpoint_files import (eos_token_ids, generation_config, load_tokeniz
                                   render_chat)
 from api.config import EngineConfig
 from api.engine_args import EngineArgs, translate_engine_args
-from api.intake import (ParamsContext, TextPrompt, TokensPrompt, child_params, parse_prompt,
-                        prepare_params)
+from api.beam import BEAM_SEARCH_REASON
+from api.errors import refuse
+from api.intake import ParamsContext, child_params, parse_prompt, prepare_params, reject_unsupported
 from api.llm_extras import LLMExtras
-from api.outputs import CompletionOutput, IncrementalDetokenizer, Logprob, RequestOutput
+from api.outputs import IncrementalDetokenizer, RequestOutput
+from api.pooling import POOLING_REASON
+from api.public import *  # noqa: F403 -- vLLM's public names, importable from here
+from api.public import __all__ as _VLLM_NAMES
 from api.sampling_params import RequestOutputKind, SamplingParams
 from block_manager import BlockManager, KVCachePool
 from internals.cpu_threads import ThreadPolicy
@@ -43,16 +47,14 @@ from model import load_model
 from prefix_cache import PrefixCache
 from scheduler import Scheduler, SchedulerConfig, Sequence
 
-__all__ = ["LLM", "LLMEngine", "EngineArgs", "SamplingParams", "RequestOutputKind",
-           "RequestOutput", "CompletionOutput", "Logprob", "TextPrompt", "TokensPrompt",
-           "Sequence"]
+__all__ = ["LLM", "LLMEngine", "Sequence", *_VLLM_NAMES]
 
 DETOKENIZE_CONTEXT = 5  # prompt tokens the output text is decoded after (vLLM's offset)
 SAMPLING_DEFAULT_KEYS = ("repetition_penalty", "presence_penalty", "frequency_penalty",
                          "temperature", "top_k", "top_p", "min_p", "max_new_tokens")
 
 
-class LLMEngine:
+class LLMEngine(LLMExtras):
     """vLLM's ``LLMEngine``: requests in, ``step()`` by step, outputs out (per each request's
     ``output_kind``; vLLM's default, CUMULATIVE, is everything so far)."""
 
@@ -69,7 +71,8 @@ class LLMEngine:
         self._load_checkpoint_files(Path(model))
         self._build_kv_cache()
         self.model_runner = ModelRunner(self.model, self.kv_cache, self.block_size,
-                                        Sampler(self.device, self.config.seed, sorted(self.eos_token_ids)),
+                                        Sampler(self.device, self.config.seed, sorted(self.eos_token_ids),
+                                                logprobs_mode=self.config.logprobs_mode),
                                         self.device)
         self.output_processor = OutputProcessor(self.scheduler, self.tokenizer, self.eos_token_ids,
                                                 self.max_model_len)
@@ -148,7 +151,7 @@ class LLMEngine:
                     arrival_time=None, lora_request=None, priority: int = 0,
                     **unsupported) -> str:
         """Queue one request (applied between steps); its outputs come from ``step()``."""
-        reject_request_extras(lora_request, priority, unsupported)
+        reject_unsupported(lora_request, priority, **unsupported)
         if request_id is not None and not isinstance(request_id, str):
             raise TypeError(f"request_id must be a string, got {type(request_id).__name__}")
         state, = self.add_requests([(prompt, params)], request_ids=[request_id])
@@ -334,7 +337,7 @@ class LLM(LLMExtras):
         input order. ``sampling_params``: one for all, a list (one per prompt), or None (the
         checkpoint's defaults, ``get_default_sampling_params()``). Safe to call from several
         threads at once: the calls share steps."""
-        reject_request_extras(lora_request, priority, unsupported)
+        reject_unsupported(lora_request, priority, **unsupported)
         prompts = _as_prompt_list(prompts)
         sink = OutputSink(takes_aborted=True)
         states = self.llm_engine.add_requests(list(zip(prompts, _params_list(sampling_params, prompts))),
@@ -363,7 +366,7 @@ class LLM(LLMExtras):
         """vLLM's ``chat``: one conversation (a list of {"role", "content"} dicts) or a list of
         them, rendered with the tokenizer's chat template (or ``chat_template``), generated."""
         unsupported.pop("chat_template_content_format", None)  # plain-text contents only
-        reject_request_extras(lora_request, None, unsupported)
+        reject_unsupported(lora_request, None, **unsupported)
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         template = read_template(chat_template or self.config.chat_template)
         prompts = [render_chat(self.tokenizer, c, template, add_generation_prompt,
@@ -406,25 +409,12 @@ class LLM(LLMExtras):
 
     # vLLM answers a call its model cannot serve with ValueError; so does this engine.
     def beam_search(self, *args, **kwargs):
-        raise ValueError("beam search is not supported by this engine")
+        refuse("beam search", BEAM_SEARCH_REASON)
 
     def encode(self, *args, **kwargs):
-        raise ValueError("pooling (encode / embed / classify / score) is not supported: "
-                         "this engine runs generative models only")
+        refuse("pooling (encode / embed / classify / score)", POOLING_REASON)
 
     embed = classify = score = encode
-
-
-def reject_request_extras(lora_request, priority, unsupported: dict) -> None:
-    if lora_request is not None:
-        raise ValueError("lora_request is not supported: this engine has no LoRA adapters")
-    priorities = priority if isinstance(priority, (list, tuple)) else [priority]
-    if any(p not in (None, 0) for p in priorities):
-        raise ValueError("priority is not supported: requests are served first come, first "
-                         "served (vLLM too raises without scheduling_policy='priority')")
-    for name, value in unsupported.items():
-        if value is not None:
-            raise TypeError(f"{name} is not supported by this engine")
 
 
 def _params_list(sampling_params, prompts: list) -> list:
