@@ -97,18 +97,9 @@ def import_api(backend: str) -> SimpleNamespace:
         from vllm.utils.argparse_utils import FlexibleArgumentParser
         from vllm.v1.metrics.reader import Counter, Gauge
     else:
-        from engine import LLM, LLMEngine
-        try:
-            from engine import (BeamSearchParams, Counter, EngineArgs, FlexibleArgumentParser,
-                                Gauge, LoRARequest, RequestOutputKind, SamplingParams,
-                                StructuredOutputsParams, TextPrompt, TokensPrompt)
-        except ImportError:  # engine.py does not re-export api.public yet
-            print("note: engine.py lacks `from api.public import *`; names from api.public",
-                  file=sys.stderr)
-            from api.public import (BeamSearchParams, Counter, EngineArgs,
-                                    FlexibleArgumentParser, Gauge, LoRARequest,
-                                    RequestOutputKind, SamplingParams, StructuredOutputsParams,
-                                    TextPrompt, TokensPrompt)
+        from engine import (LLM, BeamSearchParams, Counter, EngineArgs, FlexibleArgumentParser,
+                            Gauge, LLMEngine, LoRARequest, RequestOutputKind, SamplingParams,
+                            StructuredOutputsParams, TextPrompt, TokensPrompt)
     return SimpleNamespace(LLM=LLM, SamplingParams=SamplingParams, LLMEngine=LLMEngine,
                            EngineArgs=EngineArgs, TokensPrompt=TokensPrompt, TextPrompt=TextPrompt,
                            LoRARequest=LoRARequest, BeamSearchParams=BeamSearchParams,
