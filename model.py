@@ -206,10 +206,9 @@ class AttentionMetadata:
         slots = tables[seq, positions // block_size] * block_size + positions % block_size
         step = np.arange(lengths.max())[None, :]
         offset = np.minimum(step, lengths[:, None] - 1)  # padding repeats the last token
-        as_tensor = lambda a: torch.from_numpy(a).to(device)  # noqa: E731
-        return cls(as_tensor(positions), as_tensor(slots), as_tensor(tables),
-                   as_tensor(first[:, None] + offset), as_tensor(starts[:, None] + offset),
-                   as_tensor(step < lengths[:, None]), block_size)
+        arrays = (positions, slots, tables, first[:, None] + offset, starts[:, None] + offset,
+                  step < lengths[:, None])
+        return cls(*(torch.from_numpy(a).to(device) for a in arrays), block_size)
 
 
 def block_tables(chunks: list[SeqChunk], context_lengths: np.ndarray, block_size: int) -> np.ndarray:
