@@ -256,7 +256,8 @@ def run_in_process(ctx: BenchContext, threads: str, with_neighbour: bool) -> lis
         for w in ctx.workloads:
             log(f"-- {w.name}: {w.description} ({w.prompt_tokens} prompt tok, {w.output_tokens} out tok)")
             for run in in_process_runners(ctx, w, threads, with_neighbour):
-                rows.append(best_of(ctx.args.repeats, run))
+                with torch_threads(threads):  # each system starts from the configuration's count
+                    rows.append(best_of(ctx.args.repeats, run))
                 log_run(rows[-1])
     return rows
 

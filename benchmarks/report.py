@@ -105,7 +105,9 @@ TABLE_NOTE = ("out tok/s = generated tokens / generate() wall time; prompt tok/s
               "(vLLM: cores its OpenMP threads are bound to); ours ÷ this = ours' out tok/s ÷ this "
               "row's, same workload and threads (the busy-neighbour row: quiet ÷ busy, its slowdown; the "
               "plain row: what the fast paths buy); others' cores = CPU time other processes used "
-              "during the run (model loading included) ÷ its wall time, of the machine's cores.")
+              "during the run (model loading included) ÷ its wall time, of the machine's cores (vLLM rows: "
+              "over its whole process, start-up included, and the CPU of the engine-core process it "
+              "spawns and does not reap counts as others', so there it reads high).")
 
 
 def hash_table(rows: list[dict]) -> str:

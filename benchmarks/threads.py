@@ -13,6 +13,9 @@ import sys
 import torch
 
 DEFAULT = "default"
+# torch's own default, taken at import: the engine's thread policy may leave torch's
+# process-wide count lowered after a run, and the next system must not inherit that.
+INITIAL_THREADS = torch.get_num_threads()
 
 
 def parse_thread_configs(text: str) -> list[str]:
@@ -28,10 +31,10 @@ def parse_thread_configs(text: str) -> list[str]:
 
 @contextlib.contextmanager
 def torch_threads(config: str):
-    """Run the body with the configuration's torch intra-op threads, then restore the count."""
+    """Run the body with the configuration's torch intra-op threads (default: torch's own
+    default, as at import), then restore the count."""
     before = torch.get_num_threads()
-    if config != DEFAULT:
-        torch.set_num_threads(int(config))
+    torch.set_num_threads(INITIAL_THREADS if config == DEFAULT else int(config))
     try:
         yield
     finally:

@@ -228,3 +228,24 @@ def test_bad_flags_are_named(argv, message, capsys):
     with pytest.raises((SystemExit, ValueError)) as err:
         bench.parse_args(argv)
     assert message in str(err.value)
+
+
+def test_default_threads_undo_a_count_a_policy_lowered():
+    """Under 'default' each system starts from torch's own default, not from the count the
+    engine's thread policy left behind on a busy machine (HF rows once inherited 1 thread)."""
+    from benchmarks.threads import DEFAULT, INITIAL_THREADS, torch_threads
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # as a policy that saw busy cores leaves it
+    try:
+        with torch_threads(DEFAULT):
+            assert torch.get_num_threads() == INITIAL_THREADS
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_hf_rows_run_at_the_default_count(bench_run):
+    report, _ = bench_run
+    from benchmarks.threads import INITIAL_THREADS
+    hf_default = [r for r in report["runs"] if r["system"].startswith("HF") and r["threads"] == "default"]
+    assert hf_default and all(r["compute_threads"] == INITIAL_THREADS for r in hf_default)
