@@ -65,7 +65,7 @@ class LLMEngine(LLMExtras):
         # On CPU, compute with the cores other processes leave idle (internals/cpu_threads.py).
         self.thread_policy = (ThreadPolicy(max_threads=self.config.num_threads)
                               if self.device.type == "cpu" else None)
-        self.model, _ = load_model(model, self.config.dtype, self.device, self.config.fast_paths)
+        self.model = load_model(model, self.config.dtype, self.device, self.config.fast_paths)
         self.model_config = self.model.config
         self.dtype = next(self.model.parameters()).dtype
         self._load_checkpoint_files(Path(model))

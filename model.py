@@ -357,8 +357,8 @@ class CausalLM(nn.Module):
 # ----------------------------------------------------------------------------- loading
 
 def load_model(path: str | Path, dtype: str | torch.dtype | None, device: torch.device,
-               fast_paths: bool = True):
-    """Build the model from a local Hugging Face checkpoint directory; returns (model, HF config).
+               fast_paths: bool = True) -> CausalLM:
+    """Build the model from a local Hugging Face checkpoint directory.
     ``fast_paths=False`` keeps the plain attention and plain linear layers of this file."""
     from transformers import AutoConfig
 
@@ -376,7 +376,7 @@ def load_model(path: str | Path, dtype: str | torch.dtype | None, device: torch.
     _load_weights(model, path, torch_dtype)
     if fast_paths:
         use_fast_paths(model, torch_dtype, device)
-    return model.eval(), hf_config
+    return model.eval()
 
 
 def use_fast_paths(model: CausalLM, dtype: torch.dtype, device: torch.device) -> None:

@@ -132,7 +132,3 @@ class ThreadPolicy:
             set_threads(threads)
             self.threads = threads
         return self.threads
-
-    def describe(self) -> str:
-        return (f"{self.threads} torch thread(s) of {len(self.cores)} core(s); "
-                f"others used {self.others:.1f} core(s) at the last check")

@@ -53,14 +53,14 @@ class SamplerOutput:
 
 
 class Sampler:
-    """Samples one token per row. ``stop_token_ids``: the engine's EOS ids, banned (with each
+    """Samples one token per row. ``eos_token_ids``: the engine's EOS ids, banned (with each
     request's own ``stop_token_ids``) while a request is below its ``min_tokens``."""
 
-    def __init__(self, device: torch.device, seed: int | None, stop_token_ids=(),
+    def __init__(self, device: torch.device, seed: int | None, eos_token_ids=(),
                  logprobs_mode: str = "raw_logprobs") -> None:
         self.device = device
         self.logprobs_mode = logprobs_mode
-        self.eos_token_ids = tuple(stop_token_ids)
+        self.eos_token_ids = tuple(eos_token_ids)
         self.request_generator = torch.Generator(device=device)
         self.generator = torch.Generator(device=device)
         if seed is not None:

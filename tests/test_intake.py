@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from engine import SamplingParams
+from invariants import assert_idle
 from helpers import (VOCAB_SIZE, assert_no_leak, check_accounting, drain, greedy, make_llm,
                      random_prompt)
 
@@ -20,11 +21,6 @@ from helpers import (VOCAB_SIZE, assert_no_leak, check_accounting, drain, greedy
 @pytest.fixture(scope="module")
 def llm(llama_dir):
     return make_llm(llama_dir, block_size=16, max_model_len=128)
-
-
-def assert_idle(llm):
-    assert not llm.has_unfinished_requests()
-    assert_no_leak(llm)
 
 
 # ----------------------------------------------------------------------- construction

@@ -57,7 +57,7 @@ def position_error(logits: torch.Tensor, reference: torch.Tensor) -> torch.Tenso
 def assert_within_hf(model_dir: str, ids: list[int], dtype: torch.dtype, fast_paths: bool) -> None:
     reference = hf_logits(model_dir, tuple(ids), torch.float32)
     hf = position_error(hf_logits(model_dir, tuple(ids), dtype), reference)
-    model = load_model(model_dir, dtype, CPU, fast_paths)[0]
+    model = load_model(model_dir, dtype, CPU, fast_paths)
     for mode in MODES:
         ours = position_error(teacher_forced_logits(model, ids, mode), reference)
         what = f"{dtype} {mode} fast_paths={fast_paths}: ours mean/max {ours.mean():.4f}/{ours.max():.4f}, " \
@@ -84,7 +84,7 @@ def test_float32_logits_equal_hf(checkpoints):
     ids = helpers.random_prompt(PROMPT_LEN, seed=7)
     reference = hf_logits(checkpoints["mistral"], tuple(ids), torch.float32)
     for fast_paths in (True, False):
-        model = load_model(checkpoints["mistral"], torch.float32, CPU, fast_paths)[0]
+        model = load_model(checkpoints["mistral"], torch.float32, CPU, fast_paths)
         for mode in MODES:
             assert position_error(teacher_forced_logits(model, ids, mode), reference).max() < 1e-4
 
@@ -95,7 +95,7 @@ def test_the_bound_catches_a_mask_bug(checkpoints):
     model_dir, ids = checkpoints["llama"], helpers.random_prompt(PROMPT_LEN, seed=5)
     reference = hf_logits(model_dir, tuple(ids), torch.float32)
     hf = position_error(hf_logits(model_dir, tuple(ids), torch.bfloat16), reference)
-    model = load_model(model_dir, torch.bfloat16, CPU, fast_paths=False)[0]
+    model = load_model(model_dir, torch.bfloat16, CPU, fast_paths=False)
     model.layers[0].self_attn.window = 16
     ours = position_error(teacher_forced_logits(model, ids, "whole"), reference)
     assert ours.max() > 3 * MAX_FACTOR * hf.max() and ours.mean() > 3 * MEAN_FACTOR * hf.mean()

@@ -64,7 +64,7 @@ def test_plain_and_fast_paths_give_the_same_tokens_as_hf(checkpoints, arch):
 
 
 def test_plain_model_uses_no_fast_machinery(llama_dir):
-    model = load_model(llama_dir, "float32", CPU, fast_paths=False)[0]
+    model = load_model(llama_dir, "float32", CPU, fast_paths=False)
     assert model.fast_attention is None
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     assert len(linears) == 1 + 4 * len(model.layers)  # lm_head; qkv, o, gate_up, down per layer
@@ -73,8 +73,8 @@ def test_plain_model_uses_no_fast_machinery(llama_dir):
 
 def test_packed_linears_compute_the_plain_linears(llama_dir):
     """Where oneDNN runs here, every linear is packed and gives the plain layer's result."""
-    plain = load_model(llama_dir, "float32", CPU, fast_paths=False)[0]
-    fast = load_model(llama_dir, "float32", CPU, fast_paths=True)[0]
+    plain = load_model(llama_dir, "float32", CPU, fast_paths=False)
+    fast = load_model(llama_dir, "float32", CPU, fast_paths=True)
     packed = [m for m in fast.modules() if isinstance(m, (PackedLinear, PackedSiluMLP))]
     # Per layer qkv, o, the MLP and its down projection; then lm_head.
     expected = 4 * len(fast.layers) + 1 if fast_linear.onednn_linears_usable(CPU, torch.float32) else 0

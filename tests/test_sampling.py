@@ -32,7 +32,7 @@ class FakeSeq:
 
 
 def sampler(seed=0) -> Sampler:
-    return Sampler(torch.device("cpu"), seed, stop_token_ids=[EOS])
+    return Sampler(torch.device("cpu"), seed, eos_token_ids=[EOS])
 
 
 def random_logits(rows: int, seed: int, scale: float = 3.0) -> torch.Tensor:

@@ -11,13 +11,9 @@ import torch
 
 from engine import (EngineArgs, LLMEngine, Logprob, RequestOutputKind, SamplingParams, TextPrompt,
                     TokensPrompt)
+from invariants import assert_idle
 from helpers import (MAX_POS, TIE_TOL, _hf_model, assert_no_leak, drain, greedy, make_llm,
                      random_prompt)
-
-
-def assert_idle(llm):
-    assert not llm.has_unfinished_requests()
-    assert_no_leak(llm)
 
 
 def hf_greedy_with(model_dir, prompt, max_new_tokens, eos_token_id=None, **gen_kwargs):
