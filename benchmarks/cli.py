@@ -49,7 +49,8 @@ from benchmarks.peer_vllm import VllmPeer
 from benchmarks.report import Findings, Section, agreements, print_report, report_lines
 from benchmarks.result import RunResult
 from benchmarks.targets import check_targets, targets_for
-from benchmarks.threads import DEFAULT, busy_neighbour, parse_thread_configs, torch_threads
+from benchmarks.threads import (DEFAULT, INITIAL_THREADS, busy_neighbour, parse_thread_configs,
+                                torch_threads)
 from benchmarks.workloads import (MODEL_SHAPES, SCALES, Sizes, Workload, build_checkpoint,
                                   model_facts, random_tokens, torch_dtype, workload_no_sharing,
                                   workload_shared_prefix)
@@ -286,8 +287,14 @@ def run_hashing(ctx: BenchContext) -> list[dict]:
 
 
 def run_profile(ctx: BenchContext, f: Findings) -> None:
+    """The profile by phase, at torch's default thread count, the machine's load noted."""
+    with torch_threads(DEFAULT), measure_load() as f.profile_load:
+        log(f"\n== profile by phase ({ctx.dtype}, torch default threads {torch.get_num_threads()})")
+        measure_profile(ctx, f)
+
+
+def measure_profile(ctx: BenchContext, f: Findings) -> None:
     s, device, dtype, facts = ctx.sizes, ctx.device, ctx.dtype, ctx.facts
-    log(f"\n== profile by phase ({dtype}, torch default threads {torch.get_num_threads()})")
     f.peaks = ours_profile.matmul_peaks(s, facts, torch_dtype(dtype), device)
     f.bandwidth = ours_profile.memory_bandwidth(device)
     peak = f.peaks["peak_flop_s"]
@@ -432,7 +439,7 @@ def write_markdown(path: str, argv, device: torch.device, started: float, lines:
             f"- run: {time.strftime('%Y-%m-%d %H:%M', time.localtime(started))} to "
             f"{time.strftime('%H:%M', time.localtime())}; device {device}; {cpu_name()}, "
             f"{os.cpu_count()} CPUs; torch {torch.__version__}, default intra-op threads "
-            f"{torch.get_num_threads()}",
+            f"{INITIAL_THREADS}",
             "- the machine was shared: every row names the cores other processes kept busy during "
             "it (others' cores), so compare figures within a run, and read them as noisy where "
             "that column is high."]
@@ -464,4 +471,5 @@ def section_json(sec: Section, base: Sizes) -> dict:
                 sizes=dict(asdict(base), model=None), model=sec.facts, load=sec.load, runs=runs,
                 agreement=agreement, hashing=f.hashing, peaks=f.peaks, bandwidth=f.bandwidth,
                 prefill=f.prefill, decode=f.decode, decode_bounds=f.decode_bounds,
+                profile_load=f.profile_load,
                 targets=sec.verdicts)

@@ -28,6 +28,7 @@ class Findings:
     peaks: dict | None = None          # matmul peaks of the section's dtype
     bandwidth: dict | None = None      # measured memory bandwidth
     decode_bounds: list[dict] = field(default_factory=list)  # a step vs the streaming bound
+    profile_load: dict | None = None   # the machine's load over the profile
 
     def ours(self, workload: str, threads: str) -> RunResult | None:
         """The quiet run of ours the row is compared with: same workload, same threads."""
@@ -200,7 +201,8 @@ def section_lines(sec: Section) -> list[str]:
     if f.hashing:
         lines += ["", hash_table(f.hashing), "", HASH_NOTE]
     if f.prefill and f.peaks:
-        lines += ["", f"### Profile by phase ({sec.dtype}, torch default threads)", ""]
+        lines += ["", f"### Profile by phase ({sec.dtype}, torch default threads; others' cores "
+                      f"meanwhile {describe_load(f.profile_load)})", ""]
         lines += profile_lines(f, facts)
     lines += ["", "Targets:", ""]
     lines += [f"- {v['verdict']}: {v['target']}" + (f" ({v['value']})" if v["value"] else "")

@@ -114,6 +114,7 @@ def test_profile_by_phase(bench_run):
         assert d["weight_bytes"] == weight_bytes_per_step(report["model"], "float32")
         assert d["weight_kv_bound_ms"] > d["weight_bound_ms"] > 0 and d["over_weight_bound"] > 0
     assert report["prefill"]["profiled_tokens"] > 0 and report["prefill"]["top_ops_ms"]
+    assert report["profile_load"]["cpus"] >= 1  # the load it was measured under is named
 
 
 def test_compare_tokens_names_the_first_mismatch():
