@@ -28,7 +28,7 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -44,8 +44,8 @@ DEFAULT_MODEL = HERE / "demo_model"
 MODES = {"cache off": dict(enable_prefix_caching=False),
          "recompute": dict(hash_strategy="recompute"),
          "incremental": dict(hash_strategy="incremental")}
-# Each cache-on engine runs twice, in mirrored order, so neither always runs first.
-RUN_ORDER = ("cache off", "recompute", "incremental", "incremental", "recompute")
+# The order alternates between rounds, so neither strategy always runs first.
+ROUND_ORDER = {1: ("cache off", "recompute", "incremental"), 2: ("cache off", "incremental", "recompute")}
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -136,7 +136,6 @@ class RoundResult:
     ttft: list[float]
     stats: dict
     hash_us: float  # time spent inside the hash calls this round
-    run_ttfts: list[float] = field(default_factory=list)  # mean TTFT of each run merged into this one
 
     @property
     def output_tokens(self) -> int:
@@ -185,10 +184,7 @@ def print_round_notes(results: dict) -> None:
     worst = max(r.hash_us for mode in STRATEGIES for r in results[mode])
     print("  TTFT: time to first token, mean over the round's requests; out tok/s: output tokens per "
           "second of wall time.\n  recompute = " + COLUMN_NAMES["recompute"] + ", the chapter's "
-          "\"before\"; incremental = " + COLUMN_NAMES["incremental"] + ".\n  Run order: "
-          + ", ".join(RUN_ORDER) + " (a second run: the same\n  engine after reset_prefix_cache()); "
-          "each cache-on engine's timing columns are the mean of its two runs,\n  so neither strategy "
-          "always runs first.")
+          "\"before\"; incremental = " + COLUMN_NAMES["incremental"] + ".")
     for n, (r, i) in enumerate(zip(results["recompute"], results["incremental"]), 1):
         print("  " + ttft_comparison(n, r, i))
     print(f"  Hashing takes at most {worst / 1000:.1f} ms per round here, so a TTFT gap between the "
@@ -202,15 +198,11 @@ def print_round_notes(results: dict) -> None:
 
 
 def ttft_comparison(n: int, r: RoundResult, i: RoundResult) -> str:
-    """One round's TTFT under both strategies, each run shown, and the gap against the spread."""
-    ms = [[1000 * t for t in x.run_ttfts] for x in (r, i)]
-    means = [statistics.mean(m) for m in ms]
-    gap, spread = abs(means[0] - means[1]), max(max(m) - min(m) for m in ms)
-    verdict = "within" if gap <= spread else "larger than"
-    runs = [" / ".join(f"{t:.1f}" for t in m) for m in ms]
-    return (f"round {n} TTFT ms: recompute {means[0]:.1f} (runs {runs[0]}), incremental {means[1]:.1f} "
-            f"(runs {runs[1]}):\n    a gap of {gap:.1f} ms, {verdict} the {spread:.1f} ms between two runs "
-            f"of one engine")
+    """One round's TTFT under both strategies, and which of the two ran first."""
+    means = [1000 * statistics.mean(x.ttft) for x in (r, i)]
+    first = ROUND_ORDER[n][1]
+    return (f"round {n} TTFT ms: recompute {means[0]:.1f}, incremental {means[1]:.1f}, a gap of "
+            f"{abs(means[0] - means[1]):.1f} ms; {first} ran first this round")
 
 
 def print_samples(llm: LLM, prompts, token_ids, count: int = 3) -> None:
@@ -357,25 +349,20 @@ class DemoRun:
 
 
 def run_all_modes(args, model_dir: Path) -> DemoRun:
-    """Both rounds on each engine, in ``RUN_ORDER``. A cache-on engine's second run is the same
-    engine again after ``reset_prefix_cache()`` (each strategy has one first and one second
-    run); the runs are merged (same counts, mean timings). The first incremental run draws the
-    pool (``--show-blocks``)."""
+    """Both rounds on each engine, the engines in ``ROUND_ORDER`` (recompute first in round 1,
+    incremental first in round 2). The incremental engine draws the pool (``--show-blocks``)."""
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
-    demo, runs, engines = DemoRun({}, {}, [], None, []), {}, {}
-    for mode in RUN_ORDER:
-        draws = mode == "incremental" and mode not in engines
-        if mode in engines:
-            engines[mode][0].reset_prefix_cache()
-        else:
-            engines[mode] = warm_engine(args, model_dir, mode, draws)
-        llm, meter = engines[mode]
-        demo.first_prompts = demo.first_prompts or round1_prompts(llm, model_dir, args.num_requests, args.seed)
-        rounds = run_rounds(args, llm, meter, mode, demo.first_prompts, params, demo.pools if draws else None)
-        runs.setdefault(mode, []).append(rounds)
-        if draws:
-            demo.engine = llm
-    demo.results = {mode: merge_runs(mode_runs) for mode, mode_runs in runs.items()}
+    engines = {mode: warm_engine(args, model_dir, mode, mode == "incremental") for mode in MODES}
+    demo = DemoRun({mode: [] for mode in MODES}, {}, [], engines["incremental"][0], [])
+    demo.first_prompts = round1_prompts(demo.engine, model_dir, args.num_requests, args.seed)
+    for n, order in ROUND_ORDER.items():
+        for mode in order:
+            llm, meter = engines[mode]
+            answers = demo.results[mode][0].token_ids if n == 2 else None
+            prompts = demo.first_prompts if n == 1 else round2_prompts(demo.first_prompts, answers)
+            show = (pool_drawer(demo.pools, args.show_blocks, n) if mode == "incremental" else None)
+            demo.results[mode].append(run_round(llm, prompts, params, f"{mode} round {n}",
+                                                not args.no_progress, on_step=show, meter=meter))
     demo.tokens = {mode: tuple(r.token_ids for r in rounds) for mode, rounds in demo.results.items()}
     return demo
 
@@ -391,39 +378,6 @@ def warm_engine(args, model_dir: Path, mode: str, traced: bool) -> tuple[LLM, Ha
     llm.generate([warm_up], SamplingParams(max_tokens=2), use_tqdm=False)
     llm.reset_prefix_cache()
     return llm, meter
-
-
-def run_rounds(args, llm: LLM, meter, mode: str, first: list[list[int]], params,
-               pools: list | None) -> list[RoundResult]:
-    """Round 1 and round 2 on ``llm``; ``pools``: where the ``--show-blocks`` drawings go
-    (None: draw nothing)."""
-    rounds = []
-    for n in (1, 2):
-        prompts = first if n == 1 else round2_prompts(first, rounds[0].token_ids)
-        show = pool_drawer(pools, args.show_blocks, n) if pools is not None else None
-        rounds.append(run_round(llm, prompts, params, f"{mode} round {n}", not args.no_progress,
-                                on_step=show, meter=meter))
-    return rounds
-
-
-COUNT_KEYS = ("prompt_tokens_computed", "prompt_tokens_cached", "prefix_cache_queries",
-              "prefix_cache_hits", "hash_computations", "evictions", "preemptions")
-
-
-def merge_runs(runs: list[list[RoundResult]]) -> list[RoundResult]:
-    """One result per round from repeated runs of one engine: counts and tokens must agree;
-    TTFT, wall time and hash µs are the mean over the runs."""
-    merged = []
-    for rounds in zip(*runs):
-        first = rounds[0]
-        for r in rounds[1:]:
-            if r.token_ids != first.token_ids or any(r.stats[k] != first.stats[k] for k in COUNT_KEYS):
-                raise RuntimeError("two runs of one engine differ in tokens or counts")
-        ttft = [statistics.mean(per_request) for per_request in zip(*(r.ttft for r in rounds))]
-        merged.append(RoundResult(first.token_ids, statistics.mean(r.wall for r in rounds), ttft,
-                                  first.stats, statistics.mean(r.hash_us for r in rounds),
-                                  [statistics.mean(r.ttft) for r in rounds]))
-    return merged
 
 
 def pool_drawer(pools: list, step: int | None, round_no: int):
