@@ -16,7 +16,7 @@ Read top to bottom; the chapter's names are kept verbatim (hence their leading u
 5. ``_do_prefill_step`` / ``_save_prefix_cache``  register each block a step filled
 6. ``_evict`` / ``reset``        what leaves the map
 
-``hash_strategy="recompute"`` is the chapter's "before" column (step14): the chain is
+``hash_strategy="recompute"`` is the chapter's "before" column (its Paged Prefix Cache): the chain is
 rebuilt from scratch at every lookup and each block is hashed again when saved, chained
 from its parent block's hash. Everything else is identical, so the two strategies make the
 same admissions, waits, hits and evictions and produce the same tokens; only
