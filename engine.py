@@ -172,19 +172,27 @@ class LLMEngine(LLMExtras):
             return states
 
     def _claim_ids(self, wanted: list[str | None]) -> list[str]:
-        """Explicit ids must be free; automatic ones skip every id in use (ids name requests
-        only: a child sequence's "{i}_{id}" label never collides with anything)."""
-        in_use = self.output_processor.requests
+        """Explicit ids must be free; automatic ones skip every id in use or asked for (ids
+        name requests only: a child sequence's "{i}_{id}" label never collides with anything)."""
+        taken = set(self.output_processor.requests)
         explicit = [rid for rid in wanted if rid is not None]
         for rid in explicit:
-            if rid in in_use or explicit.count(rid) > 1:
+            if rid in taken or explicit.count(rid) > 1:
                 raise ValueError(f"request id {rid!r} is already in use")
+        taken.update(explicit)
         ids = []
         for rid in wanted:
-            while rid is None or (rid in in_use and rid not in explicit) or rid in ids:
-                rid = str(next(self._auto_ids))
+            if rid is None:
+                rid = self._free_auto_id(taken)
+                taken.add(rid)
             ids.append(rid)
         return ids
+
+    def _free_auto_id(self, taken: set[str]) -> str:
+        rid = str(next(self._auto_ids))
+        while rid in taken:
+            rid = str(next(self._auto_ids))
+        return rid
 
     def _make_request(self, request_id: str, prompt, params, output_kind, sink) -> RequestState:
         """Everything that can fail about a request, before anything is queued or allocated."""

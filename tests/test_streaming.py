@@ -118,3 +118,17 @@ def test_every_kind_adds_up_whatever_runs_meanwhile(llm, trial):
             if f_out.logprobs is not None:
                 assert sum(len(d.outputs[c].logprobs) for d in deltas) == len(f_out.logprobs)
     assert_idle(llm)
+
+
+def test_automatic_ids_skip_ids_asked_for_in_the_same_batch(llama_dir):
+    engine = make_llm(llama_dir).llm_engine
+    engine.add_request("0", random_prompt(4, seed=7), greedy(2))
+    states = engine.add_requests([(random_prompt(4, seed=8 + i), greedy(2)) for i in range(3)],
+                                 request_ids=[None, None, "1"])
+    ids = [s.request_id for s in states]
+    assert ids[2] == "1" and len(set(ids) | {"0"}) == 4, ids
+    with pytest.raises(ValueError, match="already in use"):
+        engine.add_requests([(random_prompt(4, seed=9), greedy(2))], request_ids=["1"])
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert_idle(engine)
