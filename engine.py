@@ -26,7 +26,7 @@ import torch
 from api.checkpoint_files import (eos_token_ids, generation_config, load_tokenizer, read_template,
                                   render_chat)
 from api.config import EngineConfig
-from api.engine_args import EngineArgs, translate_engine_args
+from api.engine_args import translate_engine_args
 from api.beam import BEAM_SEARCH_REASON
 from api.errors import refuse
 from api.intake import ParamsContext, child_params, parse_prompt, prepare_params, reject_unsupported
@@ -103,10 +103,6 @@ class LLMEngine(LLMExtras):
         self.scheduler = Scheduler(SchedulerConfig(self.config.max_num_seqs,
                                                    self.config.max_num_batched_tokens),
                                    self.block_manager, self.prefix_cache)
-
-    @classmethod
-    def from_engine_args(cls, engine_args: EngineArgs, **_ignored) -> "LLMEngine":
-        return cls(engine_args.model, **engine_args.kwargs)
 
     @property
     def block_size(self) -> int:
@@ -335,6 +331,7 @@ class LLM(LLMExtras):
     num_blocks = _engine_attribute("num_blocks", "Blocks in the KV pool.")
     max_model_len = _engine_attribute("max_model_len", "Longest prompt + output allowed.")
     dtype = _engine_attribute("dtype", "The model's compute dtype.")
+    model_path = _engine_attribute("model_path", "The checkpoint directory.")
     device = _engine_attribute("device", "The device the model runs on.")
 
     # ------------------------------------------------------------------ generate and chat

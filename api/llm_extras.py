@@ -70,14 +70,8 @@ class LLMExtras:
     def get_metrics(self) -> list[Metric]:
         """vLLM-shaped Counter / Gauge metrics (``vllm:prefix_cache_hits``, ...)."""
         stats = self.stats()
-        running, waiting = self._request_counts()
-        return metrics_from_stats(stats, running, waiting, str(getattr(self, "model_path", "")))
-
-    def _request_counts(self) -> tuple[int, int]:
-        scheduler = getattr(self, "scheduler", None)
-        running = len(getattr(scheduler, "running", ()) or ())
-        waiting = len(getattr(scheduler, "waiting", ()) or ())
-        return running, waiting
+        return metrics_from_stats(stats, len(self.scheduler.running), len(self.scheduler.waiting),
+                                  str(self.model_path))
 
     # ------------------------------------------------------------------ the rest of vLLM's LLM
 
