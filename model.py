@@ -381,7 +381,8 @@ def load_model(path: str | Path, dtype: str | torch.dtype | None, device: torch.
 
 def use_fast_paths(model: CausalLM, dtype: torch.dtype, device: torch.device) -> None:
     """Switch on the machinery of internals/: attention kinds, and oneDNN-packed linear
-    layers where this torch and device run them right (CPU, float32)."""
+    layers where this torch and device run them right (CPU: float32, and bfloat16 or float16
+    where the CPU computes them natively)."""
     cfg = model.config
     model.fast_attention = FastAttention(set(cfg.layer_windows), cfg.num_heads // cfg.num_kv_heads,
                                          dtype, device)
