@@ -19,6 +19,8 @@ from typing import Callable
 
 import torch
 
+from internals.cpu_memory import zeros_on_huge_pages
+
 
 @dataclass(eq=False)
 class Block:
@@ -125,8 +127,9 @@ class KVCachePool:
                  head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
         self.block_size = block_size
         shape = (num_layers, num_kv_heads, num_blocks * block_size, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        # On CPU on huge pages: attention reads scattered blocks (internals/cpu_memory.py).
+        self.k = zeros_on_huge_pages(shape, dtype, device)
+        self.v = zeros_on_huge_pages(shape, dtype, device)
 
     @staticmethod
     def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,

@@ -37,6 +37,7 @@ from api.public import *  # noqa: F403 -- vLLM's public names, importable from h
 from api.public import __all__ as _VLLM_NAMES
 from api.sampling_params import RequestOutputKind, SamplingParams
 from block_manager import BlockManager, KVCachePool
+from internals import cpu_memory
 from internals.cpu_threads import ThreadPolicy
 from internals.kv_sizing import check_fits, num_kv_blocks, resolve_max_model_len
 from internals.model_runner import ModelRunner
@@ -62,14 +63,19 @@ class LLMEngine(LLMExtras):
         self.config = EngineConfig(**translate_engine_args(engine_args,
                                                            EngineConfig.__dataclass_fields__))
         self.device = torch.device(self.config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        # On CPU, compute with the cores other processes leave idle (internals/cpu_threads.py).
+        # On CPU, compute with the cores other processes leave idle (internals/cpu_threads.py)
+        # and keep freed memory for the next step's tensors (internals/cpu_memory.py).
         self.thread_policy = (ThreadPolicy(max_threads=self.config.num_threads)
                               if self.device.type == "cpu" else None)
+        if self.device.type == "cpu":
+            cpu_memory.keep_freed_memory()
         self.model = load_model(model, self.config.dtype, self.device, self.config.fast_paths)
         self.model_config = self.model.config
         self.dtype = next(self.model.parameters()).dtype
         self._load_checkpoint_files(Path(model))
         self._build_kv_cache()
+        if self.device.type == "cpu":  # the weights, read whole every step, onto huge pages
+            cpu_memory.collapse_to_huge_pages(self.model)
         self.model_runner = ModelRunner(self.model, self.kv_cache, self.block_size,
                                         Sampler(self.device, self.config.seed, sorted(self.eos_token_ids),
                                                 logprobs_mode=self.config.logprobs_mode),

@@ -26,7 +26,7 @@ def onednn_linears_usable(device: torch.device, dtype: torch.dtype) -> bool:
     right with them."""
     if device.type != "cpu" or not torch.backends.mkldnn.is_available():
         return False
-    if dtype not in (torch.float32, torch.bfloat16, torch.float16) or not _native(dtype):
+    if dtype not in (torch.float32, torch.bfloat16, torch.float16) or not native_low_precision(dtype):
         return False
     try:
         weight = torch.linspace(-1, 1, 32).view(4, 8).to(dtype)
@@ -37,7 +37,8 @@ def onednn_linears_usable(device: torch.device, dtype: torch.dtype) -> bool:
         return False
 
 
-def _native(dtype: torch.dtype) -> bool:
+def native_low_precision(dtype: torch.dtype) -> bool:
+    """Whether this CPU computes ``dtype`` matmuls natively (float32 always)."""
     mkldnn = torch.ops.mkldnn
     if dtype == torch.bfloat16:
         return hasattr(mkldnn, "_is_mkldnn_bf16_supported") and mkldnn._is_mkldnn_bf16_supported()

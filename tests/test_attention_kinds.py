@@ -166,3 +166,79 @@ def test_shared_kinds_with_plain_math(monkeypatch, windows):
                for i, (n, length) in enumerate([(12, 4), (15, 6)])]
     plan = run_batch(decode + prefill, windows, seed=7)
     assert [type(p) for p in plan.parts] == [SharedPrefixDecode, PagedPrefill]
+
+
+# ----------------------------------------------------------------------------- bfloat16 by matmuls
+#
+# On a CPU with native bfloat16 the kinds attend by tiled matmuls (attention.matmul_attention)
+# instead of the flash kernel. Forced on here, so these run on every machine; the error
+# against float32 must stay within a small factor of bfloat16 SDPA's own (scores rounded to
+# bfloat16 once, as HF's eager attention does, roughly doubles it; a wrong mask or tile edge
+# errs by the size of the values themselves).
+
+BF16_ERROR_FACTOR = 3.0
+
+
+def force_matmul_attention(monkeypatch, tile_scores: int = 64):
+    """Matmul attention on in bfloat16, with tiles small enough that every test crosses tiles."""
+    monkeypatch.setattr(attention, "matmul_attention_faster",
+                        lambda device, dtype: dtype == torch.bfloat16)
+    monkeypatch.setattr(attention, "TILE_SCORES", tile_scores)
+    monkeypatch.setattr(attention, "MIN_TILE_ROWS", 2)
+
+
+def mean_error(got: torch.Tensor, reference: torch.Tensor) -> float:
+    return (got.float() - reference.float()).abs().mean().item()
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_matmul_attention_against_float32(monkeypatch, masked):
+    force_matmul_attention(monkeypatch)
+    g = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(2, 3, n, 16, generator=g) for n in (37, 29, 29))
+    mask = torch.where(torch.rand(2, 1, 37, 29, generator=g) < 0.3, -math.inf, 0.0) if masked else None
+    if mask is not None:
+        mask[..., 0] = 0.0  # every row sees a key
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    scores = (q @ k.transpose(-1, -2)) / 4.0 + (0.0 if mask is None else mask)
+    bq, bk, bv = (x.bfloat16() for x in (q, k, v))
+    bmask = None if mask is None else mask.bfloat16()
+    sdpa = torch.nn.functional.scaled_dot_product_attention(bq, bk, bv, attn_mask=bmask)
+    out, lse = attention.matmul_attention(bq, bk, bv, bmask, with_lse=True)
+    assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
+    assert mean_error(out, expected) <= BF16_ERROR_FACTOR * mean_error(sdpa, expected)
+    torch.testing.assert_close(lse, torch.logsumexp(scores, -1), atol=0.05, rtol=0.01)
+
+
+def test_causal_matmul_attention_against_float32(monkeypatch):
+    force_matmul_attention(monkeypatch, tile_scores=2 * 3 * 41 * 7)  # tiles of 7 positions
+    g = torch.Generator().manual_seed(12)
+    q = torch.randn(2, 3, 41, 16, generator=g)  # [KVH, g, L, D]
+    k, v = torch.randn(2, 41, 16, generator=g), torch.randn(2, 41, 16, generator=g)
+    expand = lambda x: x[:, None].expand(2, 3, 41, 16)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, expand(k), expand(v), is_causal=True)
+    bq, bk, bv = (x.bfloat16() for x in (q, k, v))
+    sdpa = torch.nn.functional.scaled_dot_product_attention(bq, expand(bk), expand(bv), is_causal=True)
+    got = attention.causal_matmul_attention(bq, bk, bv)
+    assert mean_error(got, expected) <= BF16_ERROR_FACTOR * mean_error(sdpa, expected)
+
+
+@pytest.mark.parametrize("windows", [{None}, {None, 6}])
+def test_every_kind_in_bfloat16_by_matmuls(monkeypatch, windows):
+    """Every kind (prompt from 0, decode, chunks after a prefix, shared prefixes) in bfloat16 by
+    matmuls, against the plain path in float32 on the same inputs, and no worse than a small
+    factor of the plain path's own bfloat16 error."""
+    force_matmul_attention(monkeypatch, tile_scores=2 * 2 * 23 * 5)  # the 23-token prompt: tiles of 5
+    shared = table(5, 3)
+    chunks = mixed_batch() + [SeqChunk(12, 4, shared + table(120, 2)), SeqChunk(15, 6, shared + table(140, 3)),
+                              SeqChunk(0, 23, table(170, blocks_for(23)))]
+    q, k, v, pool_k, pool_v, meta = random_step(chunks, seed=9)
+    bf = [x.bfloat16() for x in (q, k, v, pool_k, pool_v)]
+    plan = FastAttention(windows, HEADS // KV_HEADS, torch.bfloat16, torch.device("cpu")).plan(chunks, BLOCK)
+    for window in windows:
+        expected = paged_attention(q, pool_k, pool_v, meta, window)
+        plain = paged_attention(bf[0], bf[3], bf[4], meta, window)
+        got = plan.attend(*bf, window)
+        assert got.dtype == torch.bfloat16
+        assert mean_error(got, expected) <= BF16_ERROR_FACTOR * mean_error(plain, expected), window
+        torch.testing.assert_close(got.float(), expected, atol=0.1, rtol=0.05)
