@@ -235,9 +235,21 @@ def matmul_attention(q, k, v, mask: torch.Tensor | None = None, scale: float | N
         if mask is not None:
             scores.add_(mask[..., r0:r0 + tile, :] if mask.shape[-2] > 1 else mask)
         if with_lse:
-            lse[..., r0:r0 + tile] = torch.logsumexp(scores.float(), dim=-1)
-        out[..., r0:r0 + tile, :] = torch.matmul(torch.softmax(scores, dim=-1), v)
+            out[..., r0:r0 + tile, :], lse[..., r0:r0 + tile] = _attend_with_lse(scores, v)
+        else:
+            out[..., r0:r0 + tile, :] = torch.matmul(torch.softmax(scores, dim=-1), v)
     return (out, lse) if with_lse else out
+
+
+def _attend_with_lse(scores: torch.Tensor, v: torch.Tensor):
+    """One float32 pass for both results: exp(scores - row max) weights the values, their
+    sum normalises them and gives the log-sum-exp."""
+    scores = scores.float()
+    peak = scores.amax(dim=-1, keepdim=True)
+    weights = scores.sub_(peak).exp_()
+    total = weights.sum(dim=-1, keepdim=True)
+    out = torch.matmul(weights.to(v.dtype), v).float().div_(total)
+    return out, peak.add_(total.log_()).squeeze(-1)
 
 
 def causal_matmul_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
