@@ -23,7 +23,7 @@ import pytest
 import torch
 
 import helpers
-from engine_logits import MODES, teacher_forced_logits
+from tools.teacher_forced import MODES, teacher_forced_logits
 from model import load_model
 
 MEAN_FACTOR, MAX_FACTOR = 1.25, 1.5
