@@ -7,7 +7,9 @@ position 0 need no pool read, decode tokens batch into equal-length key chunks, 
 decode steps after the same leading blocks attend those blocks once for all. Every kind is
 tested equal to the plain path (tests/test_attention_kinds.py). Pure PyTorch: the same code
 runs on CPU and CUDA; on CPU two kinds use the flash kernel's log-sum-exp to merge attention
-over a shared prefix with the rest of each context.
+over a shared prefix with the rest of each context. In bfloat16 on a CPU that computes it
+natively, where that kernel is slow, the prompt kinds and the shared part attend by tiled
+matmuls and a fused softmax instead (``matmul_attention``).
 
 Reading order: the pool as the kinds read it -> attention kinds -> the planner.
 """
@@ -224,7 +226,8 @@ def matmul_attention(q, k, v, mask: torch.Tensor | None = None, scale: float | N
     (same leading dims), ``mask`` additive and broadcastable to [..., R, Lk]. Scores are in
     q's dtype and the softmax accumulates in float32, as HF's eager attention does. Returns
     out [..., R, D], and with ``with_lse`` also each row's float32 log-sum-exp [..., R]."""
-    q = q * (q.shape[-1] ** -0.5 if scale is None else scale)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    q = q if scale == 1.0 else q * scale  # the shared decode part passes queries scaled already
     keys_t = k.transpose(-1, -2)
     rows, num_keys = q.shape[-2], k.shape[-2]
     tile = max(MIN_TILE_ROWS, TILE_SCORES // max(1, q[..., 0, 0].numel() * num_keys))

@@ -1,10 +1,12 @@
 """Linear layers run from oneDNN-packed weights: a fast path of model.py a reader can skip.
 
 On CPU, oneDNN's kernels on a weight reordered once into their blocked layout beat MKL's
-sgemm in float32 and the unpacked bfloat16 matmul, most at decode batch sizes. The ops are the ones torch.compile's CPU backend
-emits (``torch.ops.mkldnn``); where they are missing or wrong, nothing is packed and the model
-keeps its plain ``nn.Linear`` layers. The packed copy costs a second copy of the weights in
-RAM: the dense one stays the parameter, so weight names and loading are unchanged.
+sgemm in float32, and the unpacked matmul in bfloat16 where the CPU computes it natively
+(a [1, 1024] x [1024, 151936] LM head 14.6 -> 3.9 ms), most at decode batch sizes. The ops
+are the ones torch.compile's CPU backend emits (``torch.ops.mkldnn``); where they are
+missing or wrong, nothing is packed and the model keeps its plain ``nn.Linear`` layers. The
+packed copy costs a second copy of the weights in RAM: the dense one stays the parameter, so
+weight names and loading are unchanged.
 
 ``pack_linears(model)`` swaps every ``nn.Linear`` for a ``PackedLinear`` and every SiLU MLP for
 a ``PackedSiluMLP``, whose gate and up GEMMs apply SiLU and the product in their epilogues
