@@ -74,8 +74,6 @@ class LLMEngine(LLMExtras):
         self.dtype = next(self.model.parameters()).dtype
         self._load_checkpoint_files(Path(model))
         self._build_kv_cache()
-        if self.device.type == "cpu":  # the weights, read whole every step, onto huge pages
-            cpu_memory.collapse_to_huge_pages(self.model)
         self.model_runner = ModelRunner(self.model, self.kv_cache, self.block_size,
                                         Sampler(self.device, self.config.seed, sorted(self.eos_token_ids),
                                                 logprobs_mode=self.config.logprobs_mode),

@@ -1,7 +1,7 @@
-"""Memory on CPU: freed memory kept for the next step, and weights and KV pool on huge pages.
+"""Memory on CPU: freed memory kept for the next step, and the KV pool on huge pages.
 
-Three settings of the process, each measured on a 2-core AVX-512 machine (Qwen3-0.6B's shape,
-bfloat16); none changes a result, only where bytes live:
+Two settings of the process, each measured on a 2-core AVX-512 machine (Qwen3-0.6B's shape,
+bfloat16); neither changes a result, only where bytes live:
 
 * Kept memory. glibc's malloc serves every allocation above its mmap threshold (128 KiB to
   start) with a fresh mapping, unmaps it on free, and trims freed heap memory back to the
@@ -14,12 +14,13 @@ bfloat16); none changes a result, only where bytes live:
   scattered over gigabytes; on 4 KiB pages nearly every row is a TLB miss. Advised for 2 MiB
   transparent huge pages before first touch, gathering one layer's keys of a batch-16 step
   and scoring them took 1.73 ms against 3.14 ms.
-* The weights on huge pages. oneDNN allocates its packed weights itself, so they are
-  collapsed into huge pages after loading (``MADV_COLLAPSE``, Linux 6.1+): the linear layers
-  of a batch-16 decode step, which stream every weight once, took 43.6 ms against 63.7 ms.
+
+Not done: collapsing the weights onto huge pages after loading (``MADV_COLLAPSE``). Alone, the
+linears of a batch-16 step ran 63.7 -> 43.6 ms, but in the engine no gain showed above the
+host's noise, and it added 9-13 s to a 0.6B engine's 14 s start-up.
 
 Linux with glibc only (elsewhere, or with ``STEP14_TUNE_CPU_MEMORY=0``, nothing changes);
-a kernel that refuses an advice leaves the pages as they are.
+a kernel that refuses the advice leaves the pages as they are.
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ import torch
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers (malloc.h)
 MMAP_THRESHOLD_MAX = 32 << 20  # glibc refuses more on 64-bit (HEAP_MAX_SIZE / 2)
 TRIM_THRESHOLD = 1 << 30
-MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25  # madvise's advice numbers (linux/mman.h)
+MADV_HUGEPAGE = 14  # madvise's advice number (linux/mman.h)
 HUGE_PAGE = 2 << 20
 
 
@@ -75,39 +76,3 @@ def empty_on_huge_pages(shape: tuple[int, ...], dtype: torch.dtype, device: torc
 
 def zeros_on_huge_pages(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     return empty_on_huge_pages(shape, dtype, device).zero_()
-
-
-# Below this many bytes of weights the TLB misses of streaming them cost little, and a scan
-# of every mapping per engine start-up would cost more (test suites build hundreds of engines).
-COLLAPSE_MIN_WEIGHT_BYTES = 64 << 20
-
-
-def collapse_to_huge_pages(model: torch.nn.Module) -> int:
-    """Collapse this process's large private anonymous mappings, where ``model``'s weights
-    (and their packed copies) live, into huge pages; returns the bytes the kernel accepted."""
-    libc = _libc()
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    if libc is None or weight_bytes < COLLAPSE_MIN_WEIGHT_BYTES:
-        return 0
-    accepted = 0
-    for lo, hi in _anonymous_ranges():
-        if libc.madvise(lo, hi - lo, MADV_COLLAPSE) == 0:
-            accepted += hi - lo
-    return accepted
-
-
-def _anonymous_ranges():
-    """Huge-page-aligned [lo, hi) of each writable anonymous mapping (or the heap) of 2 MiB+."""
-    try:
-        with open("/proc/self/maps") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return
-    for line in lines:
-        fields = line.split()
-        if "w" not in fields[1] or (len(fields) > 5 and fields[5] != "[heap]"):
-            continue
-        lo, hi = (int(x, 16) for x in fields[0].split("-"))
-        lo, hi = -(-lo // HUGE_PAGE) * HUGE_PAGE, hi // HUGE_PAGE * HUGE_PAGE
-        if hi > lo:
-            yield lo, hi
