@@ -19,24 +19,13 @@ import torch
 
 from benchmarks.workloads import MODEL_SHAPES, build_checkpoint, random_tokens
 from model import load_model
-from tools.teacher_forced import MODES, teacher_forced_logits
+from tools.teacher_forced import MODES, hf_logits, position_error, teacher_forced_logits
 
 CPU = torch.device("cpu")
 
 
-def hf_logits(model_dir: str, ids: list[int], dtype: torch.dtype) -> torch.Tensor:
-    from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
-    with torch.no_grad():
-        return model(torch.tensor([ids])).logits[0].float()
-
-
-def position_error(logits: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
-    return (logits - reference).abs().amax(dim=-1)
-
-
 def rows_for(size: str, model_dir: str, prompt_len: int, dtype: torch.dtype) -> list[dict]:
-    ids = random_tokens(np.random.default_rng(5), prompt_len, MODEL_SHAPES[size]["vocab_size"])
+    ids = tuple(random_tokens(np.random.default_rng(5), prompt_len, MODEL_SHAPES[size]["vocab_size"]))
     reference = hf_logits(model_dir, ids, torch.float32)
     hf_low = hf_logits(model_dir, ids, dtype)
     hf_err = position_error(hf_low, reference)
@@ -44,7 +33,7 @@ def rows_for(size: str, model_dir: str, prompt_len: int, dtype: torch.dtype) -> 
     for fast_paths in (True, False):
         model = load_model(model_dir, dtype, CPU, fast_paths)
         for mode in MODES:
-            logits = teacher_forced_logits(model, ids, mode)
+            logits = teacher_forced_logits(model, list(ids), mode)
             rows.append(row(size, "ours" if fast_paths else "ours (plain)", mode, logits, reference, hf_err))
         del model
     return rows

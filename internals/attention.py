@@ -131,11 +131,11 @@ class CausalPrefill:
         out[self.tokens] = res[0].transpose(0, 1)
 
     def attend_by_matmuls(self, q, k, v, out: torch.Tensor) -> None:
-        length, heads, dim = q[self.tokens].shape
-        kv_heads = k.shape[1]
-        qs = q[self.tokens].view(length, kv_heads, -1, dim).permute(1, 2, 0, 3)
+        own = q[self.tokens]
+        length, heads, dim = own.shape
+        qs = own.view(length, k.shape[1], -1, dim).permute(1, 2, 0, 3)  # [KVH, g, L, D]
         ks, vs = (x[self.tokens].transpose(0, 1).contiguous() for x in (k, v))
-        res = causal_matmul_attention(qs, ks, vs)  # [KVH, g, L, D]
+        res = causal_matmul_attention(qs, ks, vs)
         out[self.tokens] = res.permute(2, 0, 1, 3).reshape(length, heads, dim)
 
 

@@ -17,13 +17,11 @@ logits themselves, many times these bounds: the last test shows one caught.
 """
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
 
 import helpers
-from tools.teacher_forced import MODES, teacher_forced_logits
+from tools.teacher_forced import MODES, hf_logits, position_error, teacher_forced_logits
 from model import load_model
 
 MEAN_FACTOR, MAX_FACTOR = 1.25, 1.5
@@ -37,21 +35,6 @@ WIDER = dict(hidden_size=256, intermediate_size=768, num_hidden_layers=6, num_at
 @pytest.fixture(scope="module")
 def wider_llama(tmp_path_factory) -> str:
     return helpers.build_checkpoint("llama", str(tmp_path_factory.mktemp("wider_llama")), **WIDER)
-
-
-@functools.lru_cache(maxsize=None)
-def hf_logits(model_dir: str, ids: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
-    with torch.no_grad():
-        return model(torch.tensor([ids])).logits[0].float()
-
-
-def position_error(logits: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
-    """[positions]: the largest logit error at each position."""
-    assert logits.shape == reference.shape
-    return (logits - reference).abs().amax(dim=-1)
 
 
 def assert_within_hf(model_dir: str, ids: list[int], dtype: torch.dtype, fast_paths: bool) -> None:

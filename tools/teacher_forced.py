@@ -4,6 +4,8 @@ schedules the engine runs: the whole prompt in one step, chunked prefill, a pref
 model is driven directly (``prepare`` then forward on a ``KVCachePool``), as the engine does."""
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from block_manager import KVCachePool
@@ -51,3 +53,20 @@ def _after_cached_prefix(model, kv, ids, table, other_blocks) -> torch.Tensor:
     donor_table = table[:CACHED_BLOCKS] + other_blocks
     prefix = run_span(model, kv, donor, donor_table, 0, len(donor))[:shared]
     return torch.cat([prefix, run_span(model, kv, ids, table, shared, len(ids))])
+
+
+@functools.lru_cache(maxsize=None)
+def hf_logits(model_dir: str, ids: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """[len(ids), vocab] float32: Hugging Face's logits for ``ids`` in ``dtype`` (cached: the
+    float32 reference serves every comparison)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].float()
+
+
+def position_error(logits: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """[positions]: the largest |logit - reference logit| at each position."""
+    assert logits.shape == reference.shape
+    return (logits - reference).abs().amax(dim=-1)
