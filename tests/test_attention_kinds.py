@@ -16,8 +16,9 @@ import pytest
 import torch
 
 from internals import attention
-from internals.attention import (DECODE_CHUNK_TOKENS, CausalPrefill, FastAttention, PagedDecode,
-                                 PagedPrefill, SeqChunk, SharedPrefixDecode, SharedPrefixPrefill)
+from internals.attention import (DECODE_CHUNK_TOKENS, CausalPrefill, DecodeChunks, DecodeSlots,
+                                 FastAttention, PagedDecode, PagedPrefill, SeqChunk,
+                                 SharedPrefixDecode, SharedPrefixPrefill)
 from model import AttentionMetadata, paged_attention, write_kv
 
 BLOCK, KV_HEADS, HEADS, DIM, NUM_BLOCKS = 4, 2, 4, 8, 200
@@ -115,6 +116,38 @@ def test_decode_batch_sharing_cached_blocks(windows):
     plan = run_batch(chunks, windows, seed=1)
     assert [type(p) for p in plan.parts] == [SharedPrefixDecode]
     assert plan.parts[0].batch == 4 and plan.parts[0].shared_blocks.tolist() == shared
+
+
+@pytest.fixture(params=["slots", "chunks"])
+def decode_keys(request, monkeypatch):
+    """Both ways decode reads its keys: exact slots by a sampled matmul (CPU float32) and
+    equal-length chunks (everywhere else), each checked equal to the plain path."""
+    exact = request.param == "slots"
+    monkeypatch.setattr(attention, "exact_decode_slots", lambda device, dtype: exact)
+    return DecodeSlots if exact else DecodeChunks
+
+
+@pytest.mark.parametrize("windows", [{None}, {None, 6}])
+def test_decode_keys_both_ways(decode_keys, windows):
+    """Decode rows alone, beside prompt chunks, and after shared blocks; contexts of one
+    block, a partial last block, and several chunks; sliding windows."""
+    decode = [SeqChunk(n, 1, table(60 + 13 * i, blocks_for(n + 1)))
+              for i, n in enumerate([0, 2, 12, 13, LONG])]
+    plan = run_batch(decode, windows, seed=14)
+    assert all(isinstance(keys, decode_keys) for keys in plan.parts[0].chunks.values())
+    run_batch(mixed_batch(), windows, seed=15)
+    shared = table(5, 3)
+    sharing = [SeqChunk(n, 1, shared + table(60 + 13 * i, blocks_for(n + 1) - 3))
+               for i, n in enumerate([12, 13, 20, LONG])]
+    plan = run_batch(sharing, windows, seed=16)
+    assert isinstance(plan.parts[0].own, decode_keys)
+
+
+def test_exact_slots_where_the_sampled_matmul_runs():
+    cpu = torch.device("cpu")
+    assert attention.exact_decode_slots(cpu, torch.float32)
+    assert not attention.exact_decode_slots(cpu, torch.bfloat16)
+    assert not attention.exact_decode_slots(torch.device("cuda"), torch.float32)
 
 
 def test_prefix_shared_only_up_to_the_shortest_context():
