@@ -201,48 +201,48 @@ def merge_partials(parts: list, owners: list[torch.Tensor], num_seqs: int) -> to
 
 @dataclass
 class DecodeSlots:
-    """The keys single-token queries read, exactly: row r (query head group r % g of decode
-    row r // g) holds the pool slots of its visible keys, no padding and no mask. Scores come
-    from one sampled matmul straight off the pool (no gathered copy of the keys), values from
-    one embedding_bag, each sequence normalised on its own (no partials to merge)."""
+    """The keys single-token queries read, exactly: row r (query head r % g of the group of
+    decode row r // g) holds the pool slots of its visible keys, no padding and no mask.
+    Scores come from one sampled matmul straight off the pool (no gathered copy of the keys),
+    values from one embedding_bag, each sequence normalised on its own (nothing to merge)."""
 
     slots: torch.Tensor   # [nnz] pool slot of every visible key, row after row
     row_of: torch.Tensor  # [nnz] the row each belongs to
     starts: torch.Tensor  # [R + 1] where each row's keys start in ``slots`` (CSR row pointers)
     num_seqs: int
-    _csr: dict = field(default_factory=dict, repr=False)
+    _layout: tuple | None = field(default=None, repr=False)
 
-    def pattern(self, heads: int, num_slots: int, dtype: torch.dtype) -> torch.Tensor:
-        """The rows' keys as a batched CSR matrix [heads, R, num_slots] (the same for every
-        head), the sampled matmul's pattern; built once per step."""
-        key = (heads, num_slots, dtype)
-        if key not in self._csr:
-            nnz = self.slots.numel()
-            with warnings.catch_warnings():  # "sparse CSR support is in beta"
-                warnings.simplefilter("ignore", UserWarning)
-                self._csr[key] = torch.sparse_csr_tensor(
-                    self.starts.expand(heads, -1).contiguous(),
-                    self.slots.expand(heads, -1).contiguous(),
-                    torch.zeros(heads, nnz, dtype=dtype, device=self.slots.device),
-                    size=(heads, self.starts.numel() - 1, num_slots), check_invariants=False)
-            bag_rows = (torch.arange(heads, device=self.slots.device)[:, None] * num_slots
-                        + self.slots).view(-1)
-            bag_starts = (torch.arange(heads, device=self.slots.device)[:, None] * nnz
-                          + self.starts[:-1]).view(-1)
-            self._csr[key, "bags"] = bag_rows, bag_starts
-        return self._csr[key]
+    def layout(self, heads: int, num_slots: int, dtype: torch.dtype) -> SlotLayout:
+        """The same rows for every KV head of a pool with ``num_slots`` slots; built once a step."""
+        if self._layout is None or self._layout[0] != (heads, num_slots, dtype):
+            self._layout = (heads, num_slots, dtype), SlotLayout.build(self, heads, num_slots, dtype)
+        return self._layout[1]
 
-    def bags(self, heads: int, num_slots: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """embedding_bag's indices into the value pool viewed [heads * num_slots, D], and where
-        each bag (head, row) starts."""
-        self.pattern(heads, num_slots, dtype)
-        return self._csr[(heads, num_slots, dtype), "bags"]
 
-    def row_lengths(self, heads: int) -> torch.Tensor:
-        """[heads, R]: how many keys each row has, for every head."""
-        if heads not in self._csr:
-            self._csr[heads] = (self.starts[1:] - self.starts[:-1]).expand(heads, -1).contiguous()
-        return self._csr[heads]
+@dataclass
+class SlotLayout:
+    """DecodeSlots as the layer's ops take them, for every KV head."""
+
+    pattern: torch.Tensor      # batched CSR [heads, R, num_slots]: the sampled matmul's pattern
+    row_of: torch.Tensor       # [heads, nnz]
+    row_lengths: torch.Tensor  # [heads, R]
+    bag_rows: torch.Tensor     # [heads * nnz] rows of the value pool viewed [heads * num_slots, D]
+    bag_starts: torch.Tensor   # [heads * R] where each (head, row) bag starts
+
+    @classmethod
+    def build(cls, slots: DecodeSlots, heads: int, num_slots: int, dtype: torch.dtype) -> SlotLayout:
+        nnz, device = slots.slots.numel(), slots.slots.device
+        per_head = torch.arange(heads, device=device)[:, None]
+        with warnings.catch_warnings():  # "sparse CSR support is in beta"
+            warnings.simplefilter("ignore", UserWarning)
+            pattern = torch.sparse_csr_tensor(
+                slots.starts.expand(heads, -1).contiguous(), slots.slots.expand(heads, -1).contiguous(),
+                torch.zeros(heads, nnz, dtype=dtype, device=device),
+                size=(heads, slots.starts.numel() - 1, num_slots), check_invariants=False)
+        lengths = slots.starts[1:] - slots.starts[:-1]
+        return cls(pattern, slots.row_of.expand(heads, -1), lengths.expand(heads, -1).contiguous(),
+                   (per_head * num_slots + slots.slots).view(-1),
+                   (per_head * nnz + slots.starts[:-1]).view(-1))
 
 
 def slot_partials(q: torch.Tensor, cache: LayerKV, slots: DecodeSlots):
@@ -250,17 +250,16 @@ def slot_partials(q: torch.Tensor, cache: LayerKV, slots: DecodeSlots):
     partial per sequence: scores by ``torch.sparse.sampled_addmm`` of the pool itself."""
     batch, heads, group, dim = q.shape
     rows = q.transpose(0, 1).reshape(heads, batch * group, dim)
-    num_slots = cache.k.shape[1]
-    scores = torch.sparse.sampled_addmm(slots.pattern(heads, num_slots, q.dtype), rows,
-                                        cache.k.transpose(1, 2), beta=0.0).values()  # [KVH, nnz]
-    row_of = slots.row_of.expand(heads, -1)
-    peak = scores.new_full((heads, batch * group), -math.inf).scatter_reduce_(1, row_of, scores, "amax")
-    weights = scores.sub_(peak.gather(1, row_of)).exp_()
+    at = slots.layout(heads, cache.k.shape[1], q.dtype)
+    scores = torch.sparse.sampled_addmm(at.pattern, rows, cache.k.transpose(1, 2),
+                                        beta=0.0).values()  # [KVH, nnz]
+    peak = scores.new_full((heads, batch * group), -math.inf).scatter_reduce_(1, at.row_of, scores,
+                                                                              "amax")
+    weights = scores.sub_(peak.gather(1, at.row_of)).exp_()
     # Of the two scatter-free reductions, segment_reduce sums 4x faster than index_add_ and
     # scatter_reduce_ takes the max 4x faster than segment_reduce (measured, [4, 20480]).
-    total = torch.segment_reduce(weights, "sum", lengths=slots.row_lengths(heads), axis=1)
-    bag_rows, bag_starts = slots.bags(heads, num_slots, q.dtype)
-    out = F.embedding_bag(bag_rows, cache.v.view(-1, dim), bag_starts, mode="sum",
+    total = torch.segment_reduce(weights, "sum", lengths=at.row_lengths, axis=1)
+    out = F.embedding_bag(at.bag_rows, cache.v.view(-1, dim), at.bag_starts, mode="sum",
                           per_sample_weights=weights.view(-1))
     shape = (heads, batch, group, 1)
     return out.view(heads, batch, group, dim), peak.view(shape), total.view(shape)
@@ -276,8 +275,8 @@ def decode_partials(q: torch.Tensor, cache: LayerKV, keys) -> tuple[tuple, torch
 @functools.cache
 def exact_decode_slots(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether decode reads exactly its keys by a sampled matmul (DecodeSlots): on CPU in
-    float32, where it scores keys 1.6x faster than gathering them for a batched matmul (one
-    thread, 16 sequences x 640 keys, measured); CPU has no bfloat16 sampled matmul."""
+    float32, where a decode step runs 1.1-1.4x faster than with gathered chunks (42M, 4-64
+    sequences, one and two threads, measured); CPU has no bfloat16 sampled matmul."""
     return device.type == "cpu" and dtype == torch.float32 and hasattr(torch.sparse, "sampled_addmm")
 
 
@@ -411,7 +410,7 @@ class PagedDecode:
     """Single-token queries (decode steps) over each sequence's paged context."""
 
     rows: torch.Tensor  # packed-token index of each sequence's query
-    chunks: dict        # window (None = full attention) -> DecodeChunks or DecodeSlots of the visible keys
+    chunks: dict        # window (None = full attention) -> the visible keys (DecodeChunks | DecodeSlots)
 
     def attend(self, q, k, v, cache: LayerKV, window: int | None, out: torch.Tensor) -> None:
         keys = self.chunks[window]
@@ -654,20 +653,20 @@ def _decode_keys(batch: PackedBatch, tables: np.ndarray, lo: np.ndarray, hi: np.
 
 def _decode_slots(batch: PackedBatch, tables: np.ndarray, lo: np.ndarray,
                   hi: np.ndarray) -> DecodeSlots:
-    """Every row's visible slots in position order, each once per query head of a group."""
-    group, counts = batch.queries_per_kv, hi - lo
+    """Every row's visible slots in position order: a sequence's once per query head of its group."""
+    counts = hi - lo
     seq = np.repeat(np.arange(len(tables)), counts)
-    pos = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts) + lo[seq]
-    seq_slots = tables[seq, pos // batch.block_size] * batch.block_size + pos % batch.block_size
-    # Rows r = (sequence, head in group): a sequence's slots repeated once per row.
     seq_start = np.cumsum(counts) - counts
-    rows_len = np.repeat(counts, group)
-    row_start = np.cumsum(rows_len) - rows_len
-    seq_of_row = np.repeat(np.arange(len(tables)), group)
-    take = np.repeat(seq_start[seq_of_row] - row_start, rows_len) + np.arange(rows_len.sum())
-    starts = np.concatenate(([0], np.cumsum(rows_len)))
-    return DecodeSlots(batch.tensor(seq_slots[take]), batch.tensor(np.repeat(np.arange(len(rows_len)), rows_len)),
-                       batch.tensor(starts), len(tables))
+    pos = np.arange(counts.sum()) - seq_start[seq] + lo[seq]
+    seq_slots = tables[seq, pos // batch.block_size] * batch.block_size + pos % batch.block_size
+    # Row r = (sequence r // g, query head r % g) takes its sequence's run of seq_slots.
+    row_len = np.repeat(counts, batch.queries_per_kv)
+    row_start = np.cumsum(row_len) - row_len
+    row_seq_start = np.repeat(seq_start, batch.queries_per_kv)
+    take = np.arange(row_len.sum()) + np.repeat(row_seq_start - row_start, row_len)
+    row_of = np.repeat(np.arange(len(row_len)), row_len)
+    return DecodeSlots(batch.tensor(seq_slots[take]), batch.tensor(row_of),
+                       batch.tensor(np.append(row_start, row_len.sum())), len(tables))
 
 
 def _decode_chunks(batch: PackedBatch, tables: np.ndarray, lo: np.ndarray,
