@@ -277,7 +277,8 @@ def exact_decode_slots(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether decode reads exactly its keys by a sampled matmul (DecodeSlots): on CPU in
     float32, where a decode step runs 1.1-1.4x faster than with gathered chunks (42M, 4-64
     sequences, one and two threads, measured); CPU has no bfloat16 sampled matmul."""
-    return device.type == "cpu" and dtype == torch.float32 and hasattr(torch.sparse, "sampled_addmm")
+    return (device.type == "cpu" and dtype == torch.float32
+            and hasattr(torch.sparse, "sampled_addmm") and hasattr(torch, "segment_reduce"))
 
 
 CPU_FLASH_LSE = hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
