@@ -10,7 +10,8 @@ A block is in exactly one of three states:
 
 The hash -> block map itself is the prefix cache's (prefix_cache.py, the chapter): when a
 free block that still carries a hash is popped for reuse, ``allocate`` hands it to the
-``on_evict`` hook the prefix cache installs, which drops the map's entry.
+``evict`` function its caller passes (the scheduler passes ``PrefixCache.evict``, which drops
+the map's entry).
 """
 from __future__ import annotations
 
@@ -18,8 +19,6 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-
-from internals.cpu_memory import zeros_on_huge_pages
 
 
 @dataclass(eq=False)
@@ -54,6 +53,13 @@ class Block:
     @property
     def lifetime(self) -> tuple[int, int]:
         return self.block_id, self.generation
+
+    @property
+    def state(self) -> str:
+        """"free", "cached" (free, but still in the prefix cache), "in use" or "in use, cached"."""
+        if self.ref_count == 0:
+            return "cached" if self.block_hash is not None else "free"
+        return "in use, cached" if self.block_hash is not None else "in use"
 
 
 class FreeBlockQueue:
@@ -120,16 +126,17 @@ class KVCachePool:
     Slot ``block_id * block_size + offset`` of each KV head holds one token's K (or V).
     Head-major, so a block's keys of one head are contiguous and the blocks the model reads
     come out ready for batched matmuls without a transposing copy. Zero-initialised so that
-    masked-out slots can never inject NaN into attention.
+    masked-out slots can never inject NaN into attention. ``zeros(shape, dtype=, device=)``
+    makes the storage (the fast layer passes one that puts it on huge pages).
     """
 
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
-                 head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+                 head_dim: int, dtype: torch.dtype, device: torch.device,
+                 zeros: Callable[..., torch.Tensor] = torch.zeros) -> None:
         self.block_size = block_size
         shape = (num_layers, num_kv_heads, num_blocks * block_size, head_dim)
-        # On CPU on huge pages: attention reads scattered blocks (internals/cpu_memory.py).
-        self.k = zeros_on_huge_pages(shape, dtype, device)
-        self.v = zeros_on_huge_pages(shape, dtype, device)
+        self.k = zeros(shape, dtype=dtype, device=device)
+        self.v = zeros(shape, dtype=dtype, device=device)
 
     @staticmethod
     def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
@@ -149,8 +156,6 @@ class BlockManager:
         self.free_queue = FreeBlockQueue()
         for block in self.blocks:
             self.free_queue.push_back(block)
-        # Called with a free block that still carries a hash, just before it is reused.
-        self.on_evict: Callable[[Block], None] = Block.forget_identity
 
     @property
     def num_blocks(self) -> int:
@@ -172,11 +177,12 @@ class BlockManager:
         taken_from_free = sum(1 for block in reused if block.ref_count == 0)
         return num_new_blocks + taken_from_free <= self.num_free_blocks
 
-    def allocate(self) -> Block:
-        """Pop the least recently used free block, evicting the cached identity it still has."""
+    def allocate(self, evict: Callable[[Block], None] = Block.forget_identity) -> Block:
+        """Pop the least recently used free block. If it still carries a cached identity,
+        ``evict(block)`` drops it first (the prefix cache's entry goes with it)."""
         block = self.free_queue.pop_front()
         if block.block_hash is not None:
-            self.on_evict(block)
+            evict(block)
         block.ref_count = 1
         block.generation += 1
         return block

@@ -1,14 +1,14 @@
 """The decoder of step14_5, run on the paged KV pool: Llama, Qwen2, Qwen3 and Mistral.
 
 One forward takes a packed batch: the prefill chunks and decode tokens of many sequences,
-back to back, described by ``AttentionMetadata`` (positions, the slot each new token's K/V
-goes to, each sequence's block table). Each layer writes the new tokens' K/V into their
-slots of the pool, gathers each sequence's blocks back and attends over them with one SDPA
-call: ``paged_attention`` below is the whole of it, and the spec.
+back to back (``SeqChunk``). An attention backend plans the step once: ``AttentionMetadata``
+below is the plain one (positions, the slot each new token's K/V goes to, each sequence's
+block table). Each layer writes the new tokens' K/V into their slots of the pool, and the
+plan attends: here, gather each sequence's blocks back and one SDPA call over them.
+``paged_attention`` is the whole of it, and the spec.
 
-With ``fast_paths`` (the default) the same forward runs faster machinery a reader can skip:
-attention kinds chosen per step (``internals/attention.py``) and oneDNN-packed linear layers
-on CPU (``internals/fast_linear.py``). Both are tested equal to the plain path here.
+A faster backend (fast/, chosen by the engine's builder, never by this file) plans its own
+attention and may run the layers from packed weights; it is tested equal to this path.
 
 Reading order: config -> RoPE -> norm -> paged attention -> MLP -> layer -> model -> loading.
 """
@@ -18,14 +18,12 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from internals import fast_linear
-from internals.attention import FastAttention, FastPlan, SeqChunk
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                            "MistralForCausalLM")
@@ -179,8 +177,52 @@ class RMSNorm(nn.Module):
 # ----------------------------------------------------------------------------- paged attention
 
 @dataclass
+class SeqChunk:
+    """What one sequence contributes to a forward: positions [start, start + length) of the
+    sequence whose blocks, in order, are ``block_table``."""
+
+    start: int
+    length: int
+    block_table: list[int]
+
+
+class AttentionPlan(Protocol):
+    """One step's attention, planned once (``AttentionBackend.plan``) and run in every layer."""
+
+    positions: torch.Tensor      # [T] absolute position of each packed token
+    slot_mapping: torch.Tensor   # [T] pool slot that receives each packed token's K/V
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pool_k: torch.Tensor,
+               pool_v: torch.Tensor, window: int | None) -> torch.Tensor:
+        """q [T, H, D], this step's k, v [T, KVH, D] (already in the pool) -> [T, H, D]."""
+
+
+class AttentionBackend(Protocol):
+    def plan(self, chunks: list[SeqChunk], block_size: int) -> AttentionPlan: ...
+
+
+def token_slots(chunks: list[SeqChunk], block_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """[T] position of each packed token, [T] the pool slot its K/V goes to, [B] each chunk's
+    first packed token: what every backend's plan starts from."""
+    lengths = np.fromiter((c.length for c in chunks), dtype=np.int64, count=len(chunks))
+    starts = np.fromiter((c.start for c in chunks), dtype=np.int64, count=len(chunks))
+    first = np.cumsum(lengths) - lengths
+    seq = np.repeat(np.arange(len(chunks)), lengths)
+    positions = np.arange(lengths.sum()) - first[seq] + starts[seq]
+    block_ids = _table_entries(chunks, seq, positions // block_size)
+    return positions, block_ids * block_size + positions % block_size, first
+
+
+def _table_entries(chunks: list[SeqChunk], seq: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """``chunks[seq[i]].block_table[index[i]]`` for every i, without a [B, blocks] table."""
+    tables = np.concatenate([np.asarray(c.block_table, dtype=np.int64) for c in chunks])
+    offsets = np.cumsum([0] + [len(c.block_table) for c in chunks[:-1]])
+    return tables[offsets[seq] + index]
+
+
+@dataclass
 class AttentionMetadata:
-    """One packed batch as every layer needs it; built once per step by ``CausalLM.prepare``.
+    """The plain backend's plan of one packed batch, built once per step (``build``).
 
     B sequences contribute chunks of up to Lq tokens; the packed batch holds them back to back.
     For the padded [B, Lq] query grid, padding repeats a sequence's last token (finite output,
@@ -193,22 +235,31 @@ class AttentionMetadata:
     query_positions: torch.Tensor  # [B, Lq] its absolute position
     is_query: torch.Tensor         # [B, Lq] bool: a real token, not padding
     block_size: int
-    fast: FastPlan | None = None   # the fast attention kinds' plan, when fast paths are on
 
     @classmethod
     def build(cls, chunks: list[SeqChunk], block_size: int, device: torch.device) -> AttentionMetadata:
+        positions, slots, first = token_slots(chunks, block_size)
         lengths = np.array([c.length for c in chunks], dtype=np.int64)
         starts = np.array([c.start for c in chunks], dtype=np.int64)
         tables = block_tables(chunks, starts + lengths, block_size)
-        first = np.cumsum(lengths) - lengths  # each chunk's first packed token
-        seq = np.repeat(np.arange(len(chunks)), lengths)
-        positions = np.arange(lengths.sum()) - first[seq] + starts[seq]
-        slots = tables[seq, positions // block_size] * block_size + positions % block_size
         step = np.arange(lengths.max())[None, :]
         offset = np.minimum(step, lengths[:, None] - 1)  # padding repeats the last token
         arrays = (positions, slots, tables, first[:, None] + offset, starts[:, None] + offset,
                   step < lengths[:, None])
         return cls(*(torch.from_numpy(a).to(device) for a in arrays), block_size)
+
+    def attend(self, q, k, v, pool_k, pool_v, window: int | None) -> torch.Tensor:
+        return paged_attention(q, pool_k, pool_v, self, window)
+
+
+class PagedAttention:
+    """The plain attention backend: ``AttentionMetadata`` plans, ``paged_attention`` attends."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def plan(self, chunks: list[SeqChunk], block_size: int) -> AttentionMetadata:
+        return AttentionMetadata.build(chunks, block_size, self.device)
 
 
 def block_tables(chunks: list[SeqChunk], context_lengths: np.ndarray, block_size: int) -> np.ndarray:
@@ -268,7 +319,7 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
 
-    def forward(self, x, meta: AttentionMetadata, pool_k, pool_v, rope):
+    def forward(self, x, plan: AttentionPlan, pool_k, pool_v, rope):
         q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
@@ -276,11 +327,8 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        write_kv(pool_k, pool_v, meta.slot_mapping, k, v)
-        if meta.fast is not None:
-            out = meta.fast.attend(q, k, v, pool_k, pool_v, self.window)
-        else:
-            out = paged_attention(q, pool_k, pool_v, meta, self.window)
+        write_kv(pool_k, pool_v, plan.slot_mapping, k, v)
+        out = plan.attend(q, k, v, pool_k, pool_v, self.window)
         return self.o_proj(out.flatten(1))
 
 
@@ -316,8 +364,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, meta, pool_k, pool_v, rope):
-        x = x + self.self_attn(self.input_layernorm(x), meta, pool_k, pool_v, rope)
+    def forward(self, x, plan: AttentionPlan, pool_k, pool_v, rope):
+        x = x + self.self_attn(self.input_layernorm(x), plan, pool_k, pool_v, rope)
         return x.add_(self.mlp(self.post_attention_layernorm(x)))
 
 
@@ -334,32 +382,30 @@ class CausalLM(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        self.fast_attention: FastAttention | None = None  # set by load_model(fast_paths=True)
 
-    def prepare(self, chunks: list[SeqChunk], block_size: int) -> AttentionMetadata:
-        """Attention metadata for one packed batch (and the fast kinds' plan, when on)."""
-        meta = AttentionMetadata.build(chunks, block_size, self.embed_tokens.weight.device)
-        if self.fast_attention is not None:
-            meta.fast = self.fast_attention.plan(chunks, block_size)
-        return meta
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
 
     @torch.inference_mode()
-    def forward(self, input_ids, meta: AttentionMetadata, kv, logits_index) -> torch.Tensor:
+    def forward(self, input_ids, plan: AttentionPlan, kv, logits_index) -> torch.Tensor:
         """Float32 logits of the packed tokens at ``logits_index``; ``kv`` is the engine's
         KVCachePool (block_manager.py), one [KVH, slots, D] K and V pool per layer."""
         x = self.embed_tokens(input_ids)
-        rope = self.rope.lookup(meta.positions, x.dtype)
+        rope = self.rope.lookup(plan.positions, x.dtype)
         for i, layer in enumerate(self.layers):
-            x = layer(x, meta, kv.k[i], kv.v[i], rope)
+            x = layer(x, plan, kv.k[i], kv.v[i], rope)
         return self.lm_head(self.norm(x[logits_index])).float()
 
 
 # ----------------------------------------------------------------------------- loading
 
-def load_model(path: str | Path, dtype: str | torch.dtype | None, device: torch.device,
-               fast_paths: bool = True) -> CausalLM:
-    """Build the model from a local Hugging Face checkpoint directory.
-    ``fast_paths=False`` keeps the plain attention and plain linear layers of this file."""
+def load_model(path: str | Path, dtype: str | torch.dtype | None, device: torch.device) -> CausalLM:
+    """Build the model from a local Hugging Face checkpoint directory."""
     from transformers import AutoConfig
 
     path = _checkpoint_dir(path)
@@ -374,20 +420,7 @@ def load_model(path: str | Path, dtype: str | torch.dtype | None, device: torch.
     # Buffers (RoPE tables) were on meta: rebuild them for real, kept in float32.
     model.rope = RotaryEmbedding(cfg.head_dim, cfg.rope_parameters, cfg.max_position_embeddings).to(device)
     _load_weights(model, path, torch_dtype)
-    if fast_paths:
-        use_fast_paths(model, torch_dtype, device)
     return model.eval()
-
-
-def use_fast_paths(model: CausalLM, dtype: torch.dtype, device: torch.device) -> None:
-    """Switch on the machinery of internals/: attention kinds, and oneDNN-packed linear
-    layers where this torch and device run them right (CPU: float32, and bfloat16 or float16
-    where the CPU computes them natively)."""
-    cfg = model.config
-    model.fast_attention = FastAttention(set(cfg.layer_windows), cfg.num_heads // cfg.num_kv_heads,
-                                         dtype, device)
-    if fast_linear.onednn_linears_usable(device, dtype):
-        fast_linear.pack_linears(model)
 
 
 def _checkpoint_dir(path) -> Path:

@@ -14,7 +14,7 @@ Read top to bottom; the chapter's names are kept verbatim (hence their leading u
 3. ``_lookup_prefix_cache``      the longest verified cached prefix, and the in-flight rule
 4. ``mark_in_flight``            blocks an admitted sequence will compute, so others wait for them
 5. ``_do_prefill_step`` / ``_save_prefix_cache``  register each block a step filled
-6. ``_evict`` / ``reset``        what leaves the map
+6. ``evict`` / ``reset``         what leaves the map
 
 ``hash_strategy="recompute"`` is the chapter's "before" column (its Paged Prefix Cache): the chain is
 rebuilt from scratch at every lookup and each block is hashed again when saved, chained
@@ -24,15 +24,17 @@ same admissions, waits, hits and evictions and produce the same tokens; only
 
 The scheduler calls the public seam -- ``lookup`` (the chapter's ``_lookup_prefix_cache``) and
 ``mark_in_flight`` when it admits a sequence, ``cache_blocks`` (``_do_prefill_step``) after each
-step, ``release`` when a sequence leaves; the block manager calls ``_evict`` when it reuses a
-free block that still carries a hash.
+step, ``release`` when a sequence leaves, and passes ``evict`` to the block manager when it
+reuses a free block that still carries a hash. ``with cache.recording() as events:`` records
+what happens to each block (``ChainEvent``); ``subscribe`` hands every event to a function.
 """
 from __future__ import annotations
 
+import contextlib
 import enum
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Callable, Mapping
+from typing import Callable, Iterator, Mapping
 
 import xxhash
 
@@ -55,7 +57,7 @@ class HashSource(enum.Enum):
 
 @dataclass
 class ChainEvent:
-    """One thing that happened to one block of one request; recorded when ``events`` is a list."""
+    """One thing that happened to one block of one request (see ``PrefixCache.recording``)."""
 
     kind: str              # "hash", "hit", "miss", "wait", "save", "twin", "evict"
     request_id: str | None  # None for "evict" (the block belongs to no request any more)
@@ -89,8 +91,7 @@ class PrefixCache:
         self._computing: dict[Sequence, list[int]] = {}  # sequence -> hashes it marked in flight
         self.hash_computations = 0
         self.num_evictions = 0
-        self.events: list[ChainEvent] | None = None   # set to [] to record (run.py --chain)
-        block_manager.on_evict = self._evict
+        self._listeners: list[Callable[[ChainEvent], None]] = []
 
     @property
     def block_size(self) -> int:
@@ -266,7 +267,7 @@ class PrefixCache:
 
     # ------------------------------------------------------------------ 6. eviction and reset
 
-    def _evict(self, block: Block) -> None:
+    def evict(self, block: Block) -> None:
         """A free block that still carried a hash is being reused: its entry leaves the map."""
         if self._prefix_cache.get(block.block_hash) is block:
             del self._prefix_cache[block.block_hash]
@@ -292,9 +293,29 @@ class PrefixCache:
     def num_cached_blocks(self) -> int:
         return len(self._prefix_cache)
 
+    # ------------------------------------------------------------------ watching it work
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[list[ChainEvent]]:
+        """``with cache.recording() as events:`` -- every event while the block runs, in order."""
+        events: list[ChainEvent] = []
+        self.subscribe(events.append)
+        try:
+            yield events
+        finally:
+            self.unsubscribe(events.append)
+
+    def subscribe(self, listener: Callable[[ChainEvent], None]) -> None:
+        self._listeners.append(listener)
+
+    def unsubscribe(self, listener: Callable[[ChainEvent], None]) -> None:
+        self._listeners.remove(listener)
+
     def _trace(self, kind: str, seq: Sequence | None, index: int | None, block_hash: int | None,
                parent_hash: int | None = None, block_id: int | None = None,
                source: HashSource | None = None) -> None:
-        if self.events is not None:
-            self.events.append(ChainEvent(kind, seq.request_id if seq else None, index, block_hash,
-                                          parent_hash, block_id, source))
+        if self._listeners:
+            event = ChainEvent(kind, seq.request_id if seq else None, index, block_hash,
+                               parent_hash, block_id, source)
+            for listener in list(self._listeners):
+                listener(event)

@@ -36,6 +36,7 @@ import torch
 from tqdm.auto import tqdm
 
 from engine import LLM, SamplingParams
+from teaching.pool_view import count_events, draw_pool
 from teaching.chapter_table import (COLUMN_NAMES, STRATEGIES, HashMeter, chapter_rows, prefill_ms,
                                     print_chapter_table)
 
@@ -215,70 +216,6 @@ def print_samples(llm: LLM, prompts, token_ids, count: int = 3) -> None:
         print(f"  ...{tail} | {text}")
 
 
-def draw_pool(llm: LLM, title: str) -> str:
-    """The KV pool as a learner wants to see it: block tables, sharing, cached hashes, waiting."""
-    bm, lines, owners = llm.block_manager, [], {}
-    lines.append(f"\n=== KV pool {title}: {bm.num_blocks} blocks of {llm.block_size} tokens ===")
-    lines.append("  (N/M tokens computed: N of the sequence's M tokens so far have K/V in the pool; "
-                 "blocks: its block table)")
-    for seq in llm.scheduler.running:
-        for b in seq.block_table:
-            owners.setdefault(b, []).append(seq.request_id)
-        lines.append(f"  seq {seq.request_id:>3s}: {seq.num_computed_tokens:>4d}/{seq.num_tokens:<4d} tokens "
-                     f"computed, blocks {_ranges(seq.block_table)}")
-    waiting = [int(s.request_id) for s in llm.scheduler.waiting]
-    lines.append(f"  waiting: {len(waiting)}" + (f", seqs {_ranges(waiting)}" if waiting else ""))
-    shared = {b: o for b, o in owners.items() if len(o) > 1}
-    by_owners: dict[tuple, list[int]] = {}
-    for block_id, seqs in shared.items():
-        by_owners.setdefault(tuple(seqs), []).append(block_id)
-    lines.append(f"  shared blocks: {len(shared)}" + "".join(
-        f"\n    blocks {_ranges(sorted(ids))} shared by seqs {', '.join(seqs)}" for seqs, ids in by_owners.items()))
-    return "\n".join(lines + _pool_map(llm, shared) + _cached_hashes(llm) + _twin_note(llm))
-
-
-def _twin_note(llm: LLM) -> list[str]:
-    """Why a block table can change between steps with no new block: twin folding."""
-    events = llm.prefix_cache.events if llm.prefix_cache else None
-    so_far = "" if events is None else f" ({sum(e.kind == 'twin' for e in events)} so far in this engine)"
-    return ["  Blocks [a-b c] are pool block ids. Twin folding" + so_far + ":\n  when two sequences fill "
-            "identical blocks, the later one switches to the block cached first and\n  frees its own "
-            "copy, so a table like [0-31 58] can become [0-32] between steps with no block added."]
-
-
-def _pool_map(llm: LLM, shared: dict) -> list[str]:
-    cells = ["S" if b.block_id in shared else "U" if b.ref_count else "c" if b.block_hash is not None
-             else "." for b in llm.block_manager.blocks]
-    lines = ["  map (S shared, U in use by one, c cached-and-free, . free):"]
-    last = max((i for i, c in enumerate(cells) if c != "."), default=0)
-    lines += [f"    {i:>5d} {''.join(cells[i:i + 64])}" for i in range(0, last + 1, 64)]
-    if last + 64 < len(cells):
-        lines.append(f"    ... blocks {(last // 64 + 1) * 64}-{len(cells) - 1} are all free")
-    lines.append(f"  cached-and-free: {cells.count('c')}, free: {cells.count('.')}, "
-                 f"evicted so far: {llm.stats()['evictions']}")
-    return lines
-
-
-def _cached_hashes(llm: LLM, limit: int = 40) -> list[str]:
-    """Each cached block with the first 6 hex digits of its chain hash (the prefix it names)."""
-    cached = [b for b in llm.block_manager.blocks if b.block_hash is not None]
-    cells = [f"{b.block_id:>4d}:{b.block_hash:016x}"[:11] for b in cached[:limit]]
-    lines = [f"  cached blocks, block id:hash ({len(cached)} in the prefix cache):"]
-    lines += ["    " + "  ".join(cells[i:i + 8]) for i in range(0, len(cells), 8)]
-    if len(cached) > limit:
-        lines.append(f"    ... and {len(cached) - limit} more")
-    return lines
-
-
-def _ranges(ids: list[int]) -> str:
-    parts, start = [], 0
-    for i in range(1, len(ids) + 1):
-        if i == len(ids) or ids[i] != ids[i - 1] + 1:
-            parts.append(str(ids[start]) if start == i - 1 else f"{ids[start]}-{ids[i - 1]}")
-            start = i
-    return "[" + " ".join(parts) + "]"
-
-
 # ----------------------------------------------------------------------------- main
 
 def main(argv=None) -> int:
@@ -352,40 +289,40 @@ def run_all_modes(args, model_dir: Path) -> DemoRun:
     """Both rounds on each engine, the engines in ``ROUND_ORDER`` (recompute first in round 1,
     incremental first in round 2). The incremental engine draws the pool (``--show-blocks``)."""
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
-    engines = {mode: warm_engine(args, model_dir, mode, mode == "incremental") for mode in MODES}
+    engines = {mode: warm_engine(args, model_dir, mode) for mode in MODES}
     demo = DemoRun({mode: [] for mode in MODES}, {}, [], engines["incremental"][0], [])
+    # The incremental engine's events by kind, for the pool drawings (they count twin foldings).
+    counts = count_events(demo.engine) if args.show_blocks is not None else None
     demo.first_prompts = round1_prompts(demo.engine, model_dir, args.num_requests, args.seed)
     for n, order in ROUND_ORDER.items():
         for mode in order:
             llm, meter = engines[mode]
             answers = demo.results[mode][0].token_ids if n == 2 else None
             prompts = demo.first_prompts if n == 1 else round2_prompts(demo.first_prompts, answers)
-            show = (pool_drawer(demo.pools, args.show_blocks, n) if mode == "incremental" else None)
+            show = (pool_drawer(demo.pools, args.show_blocks, n, counts) if mode == "incremental" else None)
             demo.results[mode].append(run_round(llm, prompts, params, f"{mode} round {n}",
                                                 not args.no_progress, on_step=show, meter=meter))
     demo.tokens = {mode: tuple(r.token_ids for r in rounds) for mode, rounds in demo.results.items()}
     return demo
 
 
-def warm_engine(args, model_dir: Path, mode: str, traced: bool) -> tuple[LLM, HashMeter | None]:
-    """A fresh engine for ``mode`` after one tiny warm-up request, and its hash meter;
-    ``traced``: record ``PrefixCache.events`` (the pool drawings count twin foldings)."""
+def warm_engine(args, model_dir: Path, mode: str) -> tuple[LLM, HashMeter | None]:
+    """A fresh engine for ``mode`` after one tiny warm-up request, and its hash meter."""
     llm = LLM(str(model_dir), **engine_args(args), **MODES[mode])
     meter = HashMeter(llm.prefix_cache) if llm.prefix_cache else None
-    if traced and args.show_blocks is not None:
-        llm.prefix_cache.events = []
     warm_up = round1_prompts(llm, model_dir, 1, args.seed)[0][:8]
     llm.generate([warm_up], SamplingParams(max_tokens=2), use_tqdm=False)
     llm.reset_prefix_cache()
     return llm, meter
 
 
-def pool_drawer(pools: list, step: int | None, round_no: int):
+def pool_drawer(pools: list, step: int | None, round_no: int, counts):
     """Draw the pool into ``pools`` after ``step`` of this round (None: never)."""
     if step is None:
         return None
     note = " (request ids are per engine; 0 was its warm-up)" if round_no == 1 else ""
-    return lambda llm, n: n == step and pools.append(draw_pool(llm, f"after step {n} of round {round_no}{note}"))
+    return lambda llm, n: n == step and pools.append(
+        draw_pool(llm, f"after step {n} of round {round_no}{note}", counts))
 
 
 def report_identical(tokens: dict, n: int) -> int:

@@ -7,15 +7,16 @@ prefix cache never rebuilds the chain for a request it has seen. Every field has
 =================================================  ===========================================
 field                                              written by
 =================================================  ===========================================
-sampling_params, request_id, cache_salt,            the constructor (the engine's intake)
-_root_hash, num_prompt_tokens
+request_id, cache_salt, _root_hash,                 the constructor (the engine's intake)
+num_prompt_tokens, max_tokens, reads_prefix_cache
 tokens, num_tokens (``append_token``)               the output processor, after sampling
 status, block_table, num_computed_tokens,           the scheduler (admit, commit, preempt,
 finish_reason                                       finish, abort)
 _block_hashes                                       the prefix cache (``_precompute_block_hashes``)
 =================================================  ===========================================
 
-Text, logprobs and timings are the engine's record of the request (internals/request_state.py).
+How to sample, text, logprobs and timings are the engine's record of the request
+(core/requests.py); a ``Sequence`` keeps only what scheduling and hashing need.
 
 Each step the scheduler first gives every running sequence in decode its one token, then
 fills what is left of the token budget with prefill chunks (continuing ones first, then new
@@ -34,7 +35,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from block_manager import Block, BlockManager
-from api.sampling_params import SamplingParams
 
 # Token ids as fixed-width little-endian bytes: what is hashed, stable across processes.
 TOKEN_DTYPE = np.dtype("<i8")
@@ -51,18 +51,23 @@ class Sequence:
 
     _next_id = itertools.count()
 
-    def __init__(self, token_ids, sampling_params: SamplingParams | None = None,
-                 request_id: str | None = None, cache_salt: str | None = None,
-                 root_hash: int = 0) -> None:
-        self.sampling_params = sampling_params or SamplingParams()
+    def __init__(self, token_ids, max_tokens: int = 16, *, request_id: str | None = None,
+                 cache_salt: str | None = None, root_hash: int = 0,
+                 reads_prefix_cache: bool = True) -> None:
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer)) or max_tokens < 1:
+            raise TypeError(f"max_tokens must be an integer >= 1, got {max_tokens!r} (a Sequence "
+                            f"keeps no sampling parameters: pass max_tokens=params.max_tokens)")
         self.request_id = request_id if request_id is not None else str(next(Sequence._next_id))
         self.cache_salt = cache_salt
-        self._root_hash = root_hash  # the chain's seed (the salt's hash, from the prefix cache)
+        # The chain's seed, before the first block: 0, or the cache_salt's hash (see prefix_cache.py).
+        self._root_hash = root_hash
+        self.max_tokens = int(max_tokens)
+        self.reads_prefix_cache = reads_prefix_cache  # False: compute the whole prompt (prompt logprobs)
         prompt = np.asarray(token_ids, dtype=TOKEN_DTYPE).reshape(-1)
         if prompt.size == 0:
             raise ValueError("empty prompt: a request needs at least one token")
         # One preallocated buffer: appending a token never copies, hashing slices it as bytes.
-        self.tokens = np.empty(prompt.size + self.sampling_params.max_tokens, dtype=TOKEN_DTYPE)
+        self.tokens = np.empty(prompt.size + self.max_tokens, dtype=TOKEN_DTYPE)
         self.tokens[:prompt.size] = prompt
         self.num_prompt_tokens = self.num_tokens = int(prompt.size)
         self.status = SequenceStatus.WAITING
@@ -188,7 +193,7 @@ class Scheduler:
         bm = self.block_manager
         while len(seq.block_table) * self.block_size < seq.num_tokens:
             if bm.num_free_blocks > 0:
-                seq.block_table.append(bm.allocate().block_id)
+                seq.block_table.append(self._allocate().block_id)
                 continue
             victim = self.running[-1]
             self.preempt(victim)
@@ -198,9 +203,7 @@ class Scheduler:
 
     def _admit(self, seq: Sequence) -> bool:
         """Take cached blocks and allocate the rest for all of ``seq``'s tokens, or nothing."""
-        # A request that wants prompt logprobs needs every prompt position computed.
-        reads_cache = (self.prefix_cache is not None
-                       and not seq.sampling_params.skips_prefix_cache_reads)
+        reads_cache = self.prefix_cache is not None and seq.reads_prefix_cache
         match = self.prefix_cache.lookup(seq) if reads_cache else None
         if match is not None and match.next_in_flight:
             return False  # wait a step: the block is being written, then it is a hit
@@ -210,7 +213,7 @@ class Scheduler:
             return False
         for block in cached:
             self.block_manager.share(block)
-        new = [self.block_manager.allocate() for _ in range(num_new)]
+        new = [self._allocate() for _ in range(num_new)]
         seq.block_table = [b.block_id for b in cached + new]
         seq.num_computed_tokens = match.num_cached_tokens if match else 0
         seq.status = SequenceStatus.RUNNING
@@ -219,6 +222,11 @@ class Scheduler:
             self.prefix_cache.mark_in_flight(seq, match)
         self._count_admission(seq)
         return True
+
+    def _allocate(self) -> Block:
+        """A fresh block; reusing a cached-and-free one evicts it from the prefix cache."""
+        evict = self.prefix_cache.evict if self.prefix_cache is not None else Block.forget_identity
+        return self.block_manager.allocate(evict)
 
     def _count_admission(self, seq: Sequence) -> None:
         if self.prefix_cache is not None:

@@ -18,6 +18,8 @@ import numpy as np
 import torch
 
 from benchmarks.workloads import MODEL_SHAPES, build_checkpoint, random_tokens
+from core.backend import Backend
+from fast.backend import FastBackend
 from model import load_model
 from tools.teacher_forced import MODES, hf_logits, position_error, teacher_forced_logits
 
@@ -30,12 +32,12 @@ def rows_for(size: str, model_dir: str, prompt_len: int, dtype: torch.dtype) -> 
     hf_low = hf_logits(model_dir, ids, dtype)
     hf_err = position_error(hf_low, reference)
     rows = [row(size, "HF", "-", hf_low, reference, hf_err)]
-    for fast_paths in (True, False):
-        model = load_model(model_dir, dtype, CPU, fast_paths)
+    model = load_model(model_dir, dtype, CPU)
+    for system, backend in (("ours", FastBackend(model)), ("ours (plain)", Backend(model))):
         for mode in MODES:
-            logits = teacher_forced_logits(model, list(ids), mode)
-            rows.append(row(size, "ours" if fast_paths else "ours (plain)", mode, logits, reference, hf_err))
-        del model
+            logits = teacher_forced_logits(backend, list(ids), mode)
+            rows.append(row(size, system, mode, logits, reference, hf_err))
+        del backend
     return rows
 
 

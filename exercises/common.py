@@ -1,5 +1,5 @@
-"""What the exercises share: the demo model and its prompt, a random prompt, a way to send
-requests and keep their ``Sequence`` objects, and a prefill driver without a model."""
+"""What the exercises share: the demo model and its prompt, a random prompt, and a way to send
+requests and keep their ``Sequence`` objects."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,6 @@ from pathlib import Path
 import torch
 
 from engine import LLM, SamplingParams, Sequence
-from scheduler import Scheduler
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_MODEL = ROOT / "demo_model"
@@ -36,14 +35,3 @@ def send(llm: LLM, prompts: list[list[int]], max_tokens: int = 1) -> list[Sequen
     while llm.has_unfinished_requests():
         llm.step()
     return seqs
-
-
-def prefill_without_model(scheduler: Scheduler, seq: Sequence) -> None:
-    """Admit ``seq`` and commit its prefill chunk by chunk: the engine's step minus the forward.
-
-    Hashing never reads K/V, so the lookup, the in-flight marks and every save run exactly as
-    in the engine; only the model is left out (which makes a 4096-token prompt take a blink)."""
-    scheduler.add(seq)
-    while seq.num_computed_tokens < seq.num_tokens:
-        scheduler.commit(scheduler.schedule())
-    scheduler.finish(seq, "length")

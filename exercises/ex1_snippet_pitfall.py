@@ -35,11 +35,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from api.sampling_params import SamplingParams
 from block_manager import BlockManager
-from exercises.common import prefill_without_model, random_prompt
+from exercises.common import random_prompt
 from prefix_cache import PrefixCache
 from scheduler import Scheduler, SchedulerConfig, Sequence
+from teaching.model_free import prefill_without_model
 
 TITLE = "The chapter's snippet, read literally"
 ASKS = ("hash calls, 16-token chunks", "cache entries, 16-token chunks",
@@ -90,10 +90,10 @@ def run_variant(cache_cls: type, chunk: int, label: str, prompt: list[int]) -> O
     blocks = BlockManager(2 * len(prompt) // BLOCK + 8, BLOCK)
     cache = cache_cls(blocks)
     scheduler = Scheduler(SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=chunk), blocks, cache)
-    seq = Sequence(prompt, SamplingParams(max_tokens=1))
+    seq = Sequence(prompt, max_tokens=1)
     prefill_without_model(scheduler, seq)
     calls = cache.hash_computations
-    again = cache.lookup(Sequence(prompt, SamplingParams(max_tokens=1)))
+    again = cache.lookup(Sequence(prompt, max_tokens=1))
     return Outcome(label, calls, len(seq._block_hashes), cache.num_cached_blocks,
                    again.num_cached_tokens, len(prompt))
 

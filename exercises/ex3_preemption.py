@@ -17,7 +17,7 @@ Predict:
 2. the hash calls of those {lookups} lookups under ``hash_strategy="recompute"``;
 3. the hash calls of those {lookups} lookups under ``"incremental"``.
 
-The exercise counts through the prefix cache's event log (``llm.prefix_cache.events``): the
+The exercise counts through the prefix cache's event log (``llm.prefix_cache.recording()``): the
 hashes made at a lookup, and a lookup each time block 0 is probed.
 """
 from __future__ import annotations
@@ -54,20 +54,19 @@ class Readmission:
 def measure_one(model: str, strategy: str) -> Readmission:
     llm = LLM(model, block_size=16, num_kv_blocks=30, max_num_batched_tokens=512,
               hash_strategy=strategy, device="cpu", dtype="float32")
-    pc = llm.prefix_cache
-    pc.events = []  # record every hash, hit, miss, wait, save
     vocab = llm.model_config.vocab_size
     params = SamplingParams(max_tokens=64, **GREEDY)
     for seed in (1, 2):
         llm.add_request(random_prompt(200, seed=seed, vocab=vocab), params)
     victim, start, full_blocks = None, 0, 0
-    while llm.has_unfinished_requests():
-        mark = len(pc.events)
-        llm.step()
-        if victim is None and llm.stats()["preemptions"]:
-            victim, start = llm.scheduler.waiting[0], mark  # preempted in this step's schedule
-            full_blocks = victim.num_tokens // llm.block_size
-    after = [e for e in pc.events[start:] if e.request_id == victim.request_id]
+    with llm.prefix_cache.recording() as events:  # every hash, hit, miss, wait, save
+        while llm.has_unfinished_requests():
+            mark = len(events)
+            llm.step()
+            if victim is None and llm.stats()["preemptions"]:
+                victim, start = llm.scheduler.waiting[0], mark  # preempted in this step's schedule
+                full_blocks = victim.num_tokens // llm.block_size
+    after = [e for e in events[start:] if e.request_id == victim.request_id]
     lookups = sum(e.kind in ("hit", "miss") and e.index == 0 for e in after)
     calls = sum(e.kind == "hash" and e.source in AT_LOOKUP for e in after)
     return Readmission(strategy, llm.stats()["preemptions"], full_blocks, lookups, calls)

@@ -57,9 +57,9 @@ def measure(model: str = str(DEMO_MODEL), max_tokens: int = 8) -> WeakHashOutcom
     llm.prefix_cache.hash_fn = three_values
     send(llm, [prompt], max_tokens)
     entries = llm.prefix_cache.num_cached_blocks
-    llm.prefix_cache.events = []  # record what the second request's lookup does
-    (again,) = send(llm, [prompt], max_tokens)
-    events = [e for e in llm.prefix_cache.events if e.request_id == again.request_id]
+    with llm.prefix_cache.recording() as recorded:  # what the second request's lookup does
+        (again,) = send(llm, [prompt], max_tokens)
+    events = [e for e in recorded if e.request_id == again.request_id]
     hits = sum(e.kind == "hit" for e in events)
     caught = sum(e.kind == "miss" and e.block_hash in llm.prefix_cache.entries for e in events)
     values = len({three_values(bytes([b]), s) for b in range(256) for s in range(3)})

@@ -1,6 +1,6 @@
 """``python run.py --chain``: one request's chain of block hashes, block by block.
 
-Every figure comes from the engine's own trace (``PrefixCache.events``), recorded while real
+Every figure comes from the engine's own trace (``PrefixCache.recording()``), recorded while real
 requests run:
 
 1. the request cold, then the same prompt again as a new request: each full block's token
@@ -76,10 +76,9 @@ def hash_calls(events: list[ChainEvent], request_id: str) -> int:
 
 def traced(llm: LLM, prompts: list[list[int]], max_tokens: int) -> tuple[list, list[list[int]]]:
     """Send ``prompts`` together; the chain events and each request's full token list."""
-    llm.prefix_cache.events = []
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    outs = llm.generate(prompts, params, use_tqdm=False)
-    events, llm.prefix_cache.events = llm.prefix_cache.events, None
+    with llm.prefix_cache.recording() as events:
+        outs = llm.generate(prompts, params, use_tqdm=False)
     return events, [o.prompt_token_ids + o.token_ids for o in outs]
 
 

@@ -4,7 +4,7 @@ Used by ``python run.py`` (which prints it), by the exercises and by the tests, 
 means the same everywhere: its label and definition live here, once. The counts are the
 engine's own ``hash_computations``; the time is measured around each call of the cache's
 ``hash_fn`` (xxhash of one block's bytes), so it is the hashing itself, not the lookup or the
-save around it. Which calls were made at save is read from ``PrefixCache.events``. Nothing of
+save around it. Which calls were made at save is read from the cache's recorded events. Nothing of
 the engine is replaced: ``hash_fn`` is the cache's swappable hash, wrapped with a clock.
 """
 from __future__ import annotations
@@ -33,15 +33,17 @@ class HashCost:
 class HashMeter:
     """Times every call of ``prefix_cache.hash_fn`` (the cache's swappable hash function).
 
-    The count is the engine's own ``hash_computations``. While ``prefix_cache.events`` is a
-    list, each call is also noted with the index of the event it produced (the "hash" event
-    that ``_chain_hash``'s caller records next), so time can be split by where it was spent.
+    The count is the engine's own ``hash_computations``. While ``events`` is a recording
+    (``PrefixCache.recording``), each call is also noted with the index of the event it
+    produced (the "hash" event that ``_chain_hash``'s caller records next), so time can be
+    split by where it was spent.
     """
 
     def __init__(self, prefix_cache: PrefixCache) -> None:
         self.prefix_cache = prefix_cache
         self.ns = 0
-        self.noted: list[tuple[int, int]] = []  # (event index, ns) per call while events are on
+        self.events: list | None = None
+        self.noted: list[tuple[int, int]] = []  # (event index, ns) per call while recording
         prefix_cache.hash_fn = self._timed(prefix_cache.hash_fn)
 
     def _timed(self, hash_fn):
@@ -52,8 +54,8 @@ class HashMeter:
             finally:
                 ns = time.perf_counter_ns() - start
                 self.ns += ns
-                if self.prefix_cache.events is not None:
-                    self.noted.append((len(self.prefix_cache.events), ns))
+                if self.events is not None:
+                    self.noted.append((len(self.events), ns))
         return timed
 
     def total(self) -> HashCost:
@@ -132,12 +134,12 @@ def measure_rows(llm: LLM, meter: HashMeter, prompt: list[int]) -> dict[str, Has
 def cost_with_saves(meter: HashMeter, pc: PrefixCache, fn) -> tuple[HashCost, HashCost]:
     """The hash calls ``fn()`` makes in all, and the part made while saving blocks (the
     "hash" events whose source is a save: recomputed at save, or computed at decode)."""
-    kept, pc.events, meter.noted = pc.events, [], []
-    try:
-        total = meter.measure(fn)
-        events = pc.events
-    finally:
-        pc.events = kept
+    with pc.recording() as events:
+        meter.events, meter.noted = events, []
+        try:
+            total = meter.measure(fn)
+        finally:
+            meter.events = None
     at_save = [e.kind == "hash" and e.source in AT_SAVE for e in events]
     us = sum(ns for index, ns in meter.noted if index < len(events) and at_save[index]) / 1000
     meter.noted = []

@@ -24,12 +24,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch  # noqa: E402
 
-from api.sampling_params import SamplingParams  # noqa: E402
 from block_manager import BlockManager  # noqa: E402
-from engine import LLM  # noqa: E402
+from engine import LLM, SamplingParams  # noqa: E402
 from prefix_cache import HashSource, PrefixCache  # noqa: E402
 from scheduler import Scheduler, SchedulerConfig, Sequence  # noqa: E402
 from teaching import step_page  # noqa: E402
+from teaching.model_free import prefill_without_model  # noqa: E402
 from teaching.chapter_table import COLUMN_NAMES, ROWS, STRATEGIES, HashCost, HashMeter  # noqa: E402
 
 LENGTHS = (256, 512, 1024, 2048, 4096, 8192)
@@ -47,15 +47,6 @@ DPI = 110
 
 # ----------------------------------------------------------------------------- 1. the sweep
 
-def prefill_without_model(scheduler: Scheduler, seq: Sequence) -> None:
-    """Admit ``seq`` and commit its prefill chunk by chunk, as the engine's step does minus the
-    forward: the lookup, the in-flight marks and every save run exactly as in ``LLM.step``."""
-    scheduler.add(seq)
-    while seq.num_computed_tokens < seq.num_tokens:
-        scheduler.commit(scheduler.schedule())
-    scheduler.finish(seq, "length")
-
-
 def hash_cost(strategy: str, length: int, block_size: int, seed: int = 0) -> dict[str, HashCost]:
     """A cold request of ``length`` tokens, then the same Sequence looked up again."""
     blocks = BlockManager(length // block_size + 2, block_size)
@@ -63,7 +54,7 @@ def hash_cost(strategy: str, length: int, block_size: int, seed: int = 0) -> dic
     meter = HashMeter(cache)
     scheduler = Scheduler(SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=2048), blocks, cache)
     tokens = np.random.default_rng(seed).integers(0, 32000, length)
-    seq = Sequence(tokens, SamplingParams(max_tokens=1))
+    seq = Sequence(tokens, max_tokens=1)
     cold = meter.measure(lambda: prefill_without_model(scheduler, seq))
     again = meter.measure(lambda: cache.lookup(seq))
     return {"cold": cold, "re-lookup": again}
@@ -206,17 +197,16 @@ def chain_trace(model: str, engine_kw: dict, strategy: str, blocks: int = 4, blo
     block fills; then the same Sequence looked up again. The chain events of each phase."""
     llm = LLM(model, **(engine_kw | dict(block_size=block_size, hash_strategy=strategy, max_num_seqs=1)))
     prompt = step_page.workload_tokens(llm, model).tolist()[:blocks * block_size + block_size // 2]
-    llm.prefix_cache.events = []
-    llm.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=block_size, ignore_eos=True))
-    llm.step()
-    seq = llm.scheduler.running[0]  # held to look it up again once it finished
-    while llm.has_unfinished_requests():
+    with llm.prefix_cache.recording() as cold:
+        llm.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=block_size, ignore_eos=True))
         llm.step()
-    cold = llm.prefix_cache.events
-    llm.prefix_cache.events = []
-    llm.prefix_cache.lookup(seq)  # a retry, or a re-admission after preemption
+        seq = llm.scheduler.running[0]  # held to look it up again once it finished
+        while llm.has_unfinished_requests():
+            llm.step()
+    with llm.prefix_cache.recording() as again:
+        llm.prefix_cache.lookup(seq)  # a retry, or a re-admission after preemption
     hashes = {e.index: e.block_hash for e in cold if e.kind == "save"}
-    return dict(cold=cold, again=llm.prefix_cache.events, prompt=len(prompt), block_size=block_size,
+    return dict(cold=cold, again=again, prompt=len(prompt), block_size=block_size,
                 hashes=hashes, total=len(prompt) + block_size)
 
 

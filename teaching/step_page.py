@@ -4,7 +4,7 @@ The same workload runs on two engines, ``hash_strategy="recompute"`` (the chapte
 Paged Prefix Cache) and ``"incremental"`` (step14_5). After every engine step a snapshot is
 taken in Python from what the engine holds and recorded: the KV pool (each block's owners, ref
 count, hash and state), every sequence (its block table and the chain of hashes it keeps), the
-step's ``PrefixCache.events`` and the counters of ``llm.stats()``. The page (step_page.html,
+step's prefix-cache events (``PrefixCache.subscribe``) and the counters of ``llm.stats()``. The page (step_page.html,
 inline script and style, nothing fetched) only draws those snapshots; it computes nothing.
 
 The workload plays the chapter's scenes on a pool of 16 blocks of 4 tokens:
@@ -38,7 +38,7 @@ STRATEGIES = ("recompute", "incremental")
 PAGE_ENGINE = dict(block_size=4, num_kv_blocks=16, max_num_seqs=4, max_num_batched_tokens=64)
 TEMPLATE = Path(__file__).with_name("step_page.html")
 COUNTERS = ("hash_computations", "prefix_cache_hits", "evictions", "preemptions")
-StepHook = Callable[[str, int, LLM], None]  # (strategy, step number, engine) after each step
+StepHook = Callable[[str, int, "Recorder"], None]  # (strategy, step number, recorder) after each step
 
 
 def short(h: int | None) -> str:
@@ -48,20 +48,13 @@ def short(h: int | None) -> str:
 
 # ----------------------------------------------------------------------------- snapshots
 
-def block_state(block) -> str:
-    """free, cached (free but still in the map), in use, or in use and cached."""
-    if block.ref_count == 0:
-        return "cached" if block.block_hash is not None else "free"
-    return "in use, cached" if block.block_hash is not None else "in use"
-
-
 def pool_snapshot(llm: LLM) -> list[dict]:
     """Every block of the pool: id, ref count, state, short hash and the requests holding it."""
     owners: dict[int, list[str]] = {}
     for seq in llm.scheduler.running:
         for block_id in seq.block_table:
             owners.setdefault(block_id, []).append(seq.request_id)
-    return [dict(id=b.block_id, ref=b.ref_count, state=block_state(b), hash=short(b.block_hash),
+    return [dict(id=b.block_id, ref=b.ref_count, state=b.state, hash=short(b.block_hash),
                  owners=owners.get(b.block_id, [])) for b in llm.block_manager.blocks]
 
 
@@ -144,13 +137,17 @@ class Recorder:
     on_step: StepHook | None = None
     snapshots: list[Snapshot] = field(default_factory=list)
     outputs: dict[str, list[int]] = field(default_factory=dict)
+    events: list[ChainEvent] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.llm.prefix_cache.subscribe(self.events.append)  # for the engine's whole run
 
     def submit(self, prompt: list[int], max_tokens: int) -> str:
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
         return self.llm.add_request(prompt, params)
 
     def step(self, scene: str) -> None:
-        events = self.llm.prefix_cache.events
+        events = self.events
         start, hashes_before = len(events), self.llm.stats()["hash_computations"]
         finished = []
         for out in self.llm.step():
@@ -158,7 +155,7 @@ class Recorder:
             finished.append(out.request_id)
         self.snapshots.append(Snapshot.take(self.llm, scene, events[start:], finished, hashes_before))
         if self.on_step:
-            self.on_step(self.strategy, len(self.snapshots), self.llm)
+            self.on_step(self.strategy, len(self.snapshots), self)
 
     def until_idle(self, scene: str) -> None:
         while self.llm.has_unfinished_requests():
@@ -197,7 +194,6 @@ def record(model: str, engine_kw: dict | None = None, on_step: StepHook | None =
     runs = {}
     for strategy in STRATEGIES:
         llm = LLM(model, **(engine_kw or {}), **PAGE_ENGINE, hash_strategy=strategy)
-        llm.prefix_cache.events = []
         rec = Recorder(llm, strategy, on_step)
         play(rec, workload_tokens(llm, model))
         runs[strategy] = rec.snapshots

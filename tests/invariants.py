@@ -36,12 +36,13 @@ __all__ = ["check_accounting", "assert_idle", "FaultInjector", "FAULT_KINDS", "I
 
 def _registered_requests(llm) -> dict:
     """The engine's request table (request id -> record); a leaked entry is a leaked request."""
-    return _engine(llm).output_processor.requests
+    return engine_core(llm).output_processor.requests
 
 
-def _engine(llm):
-    """The ``LLMEngine`` behind an ``LLM`` (or the engine itself)."""
-    return getattr(llm, "llm_engine", llm)
+def engine_core(llm):
+    """The ``EngineCore`` behind an ``LLM``, an ``LLMEngine``, or the core itself."""
+    llm = getattr(llm, "llm_engine", llm)
+    return getattr(llm, "engine_core", llm)
 
 
 def _free_queue_members(fq, num_blocks: int) -> list:
@@ -63,11 +64,14 @@ def _free_queue_members(fq, num_blocks: int) -> list:
 
 
 def check_accounting(llm) -> None:
-    """Every rule of the module docstring; raises AssertionError naming the first broken one."""
+    """Every rule of the module docstring; raises AssertionError naming the first broken one.
+    ``llm``: an ``LLM``, an ``LLMEngine`` or an ``EngineCore``."""
+    llm = engine_core(llm)
     bm, pc = llm.block_manager, llm.prefix_cache
     cached = pc.entries if pc is not None else {}
     n = len(bm.blocks)
-    assert n == llm.num_blocks, f"block manager has {n} blocks, engine sized {llm.num_blocks}"
+    slots = llm.model_runner.kv_cache.k.shape[2]
+    assert n * bm.block_size == slots, f"block manager has {n} blocks, the KV pool {slots} slots"
     for i, block in enumerate(bm.blocks):
         assert block.block_id == i, f"blocks[{i}] has block_id {block.block_id}"
     members = _check_free_queue(bm)
@@ -117,7 +121,7 @@ def _check_queues(llm) -> tuple[list, list]:
 
 def _check_block_tables(llm, running: list, waiting: list) -> list[int]:
     """Block tables fit their sequences; returns how many tables hold each block."""
-    bs, n = llm.block_size, len(llm.block_manager.blocks)
+    bs, n = llm.block_manager.block_size, len(llm.block_manager.blocks)
     holders = [0] * n
     for seq in running:
         table = seq.block_table
@@ -166,7 +170,7 @@ def _check_block_states(blocks: list, holders: list[int], cached) -> None:
 def _check_cache_entries(llm, cached) -> None:
     """Every entry names exactly the prefix its block holds, chained from a cached parent."""
     blocks, pc = llm.block_manager.blocks, llm.prefix_cache
-    if not llm.config.enable_prefix_caching:
+    if pc is None:
         assert not cached, "prefix caching is off but blocks are registered"
         assert all(b.block_hash is None for b in blocks), "prefix caching is off but a block has a hash"
     assert len(cached) <= len(blocks), "more prefix-cache entries than blocks"
@@ -175,7 +179,7 @@ def _check_cache_entries(llm, cached) -> None:
         assert blocks[bid] is block, f"prefix cache entry {h:#x} points outside the pool"
         assert block.block_hash == h, (
             f"prefix cache entry {h:#x} points to block {bid} whose hash is {block.block_hash}")
-        assert isinstance(block.token_bytes, bytes) and len(block.token_bytes) == llm.block_size * 8, (
+        assert isinstance(block.token_bytes, bytes) and len(block.token_bytes) == llm.block_manager.block_size * 8, (
             f"cached block {bid} stores {len(block.token_bytes or b'')} token bytes, not one block")
         seed = _chain_seed(block, blocks, cached, pc)
         assert pc.hash_fn(block.token_bytes, seed) == h, (
@@ -210,9 +214,9 @@ def _chain_seed(block, blocks: list, cached, pc) -> int:
 
 def _check_running_chains(llm, running: list, cached) -> None:
     """What a running sequence has computed is cached under its own chain (caching on)."""
-    if not llm.config.enable_prefix_caching:
+    if llm.prefix_cache is None:
         return
-    bs, blocks, pc = llm.block_size, llm.block_manager.blocks, llm.prefix_cache
+    bs, blocks, pc = llm.block_manager.block_size, llm.block_manager.blocks, llm.prefix_cache
     for seq in running:
         prev = pc.root_hash(seq.cache_salt)
         for i in range(seq.num_computed_tokens // bs):
@@ -243,10 +247,11 @@ def _check_stats(llm, members: list, cached) -> None:
 def assert_idle(llm) -> None:
     """Everything finished: no block in use, nothing queued, every block in the free queue."""
     check_accounting(llm)
+    llm = engine_core(llm)
     bm = llm.block_manager
     assert not llm.scheduler.running and not llm.scheduler.waiting, (
         f"queues not empty: running={list(llm.scheduler.running)} waiting={list(llm.scheduler.waiting)}")
-    assert not llm.has_unfinished_requests()
+    assert not llm.has_unfinished
     assert not _registered_requests(llm), f"requests still registered: {sorted(_registered_requests(llm))}"
     assert all(b.ref_count == 0 for b in bm.blocks), "a block is in use with nothing running"
     assert len(bm.free_queue) == bm.num_blocks, (
@@ -274,8 +279,8 @@ class FaultInjector:
         self.armed: str | None = None
         self.skip = 0
         self.fired = 0
-        runner = _engine(llm).model_runner
-        forward, sampler = llm.model.forward, runner.sampler
+        runner = engine_core(llm).model_runner
+        forward, sampler = runner.backend.forward, runner.sampler
 
         def faulty_forward(*args, **kwargs):
             fire = self._should_fire(("forward_before", "forward_after"))
@@ -293,7 +298,7 @@ class FaultInjector:
                 self._fire()
             return out
 
-        llm.model.forward = faulty_forward
+        runner.backend.forward = faulty_forward
         runner.sampler = faulty_sampler
 
     def arm(self, kind: str, skip: int = 0) -> None:

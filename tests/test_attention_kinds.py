@@ -1,12 +1,13 @@
-"""Each fast attention kind of internals/attention.py against model.py's plain paged attention.
+"""Each fast attention kind of fast/attention.py against model.py's plain paged attention.
 
 The plain path (``model.paged_attention``: gather the blocks, one SDPA call) is the spec; the
 first test checks it against attention written out slot by slot, mask by mask. The rest
 build batches that hit every fast kind and edge: a prompt from position 0, a chunk after a
 prefix, decode contexts spanning one and several chunks (and a partial last block), a decode
 batch and prompt chunks sharing cached leading blocks, sliding windows, grouped-query heads,
-the packed order of tokens mixing all of them, and the plain-math path used off CPU. The
-HF-parity tests check whole models end to end.
+the packed order of tokens mixing all of them, and the plain-math path used off CPU. Each
+route a kind can take is chosen by the ``Routes`` the backend is built with, so every route
+runs here on every machine. The HF-parity tests check whole models end to end.
 """
 from __future__ import annotations
 
@@ -15,13 +16,14 @@ import math
 import pytest
 import torch
 
-from internals import attention
-from internals.attention import (DECODE_CHUNK_TOKENS, CausalPrefill, DecodeChunks, DecodeSlots,
-                                 FastAttention, PagedDecode, PagedPrefill, SeqChunk,
-                                 SharedPrefixDecode, SharedPrefixPrefill)
-from model import AttentionMetadata, paged_attention, write_kv
+from fast import attention
+from fast.attention import (DECODE_CHUNK_TOKENS, CausalPrefill, DecodeChunks, DecodeSlots,
+                            FastAttention, PagedDecode, PagedPrefill, Routes, SharedPrefixDecode,
+                            SharedPrefixPrefill)
+from model import AttentionMetadata, SeqChunk, paged_attention, write_kv
 
 BLOCK, KV_HEADS, HEADS, DIM, NUM_BLOCKS = 4, 2, 4, 8, 200
+CPU = torch.device("cpu")
 
 
 def dense_reference(q, pool_k, pool_v, chunk: SeqChunk, window: int | None) -> torch.Tensor:
@@ -53,10 +55,13 @@ def random_step(chunks: list[SeqChunk], seed: int):
     return q, k, v, pool_k, pool_v, meta
 
 
-def run_batch(chunks: list[SeqChunk], windows: set, seed: int = 0):
-    """The fast kinds' plan for the step, checked equal to the plain path for every window."""
+def run_batch(chunks: list[SeqChunk], windows: set, seed: int = 0, routes: Routes | None = None):
+    """The fast kinds' plan for the step (``routes`` None: as probed on this machine), checked
+    equal to the plain path for every window."""
     q, k, v, pool_k, pool_v, meta = random_step(chunks, seed)
-    plan = FastAttention(windows, HEADS // KV_HEADS, torch.float32, torch.device("cpu")).plan(chunks, BLOCK)
+    plan = FastAttention(windows, HEADS // KV_HEADS, torch.float32, CPU, routes).plan(chunks, BLOCK)
+    torch.testing.assert_close(plan.positions, meta.positions, rtol=0, atol=0)
+    torch.testing.assert_close(plan.slot_mapping, meta.slot_mapping, rtol=0, atol=0)
     for window in windows:
         expected = paged_attention(q, pool_k, pool_v, meta, window)
         got = plan.attend(q, k, v, pool_k, pool_v, window)
@@ -119,35 +124,35 @@ def test_decode_batch_sharing_cached_blocks(windows):
 
 
 @pytest.fixture(params=["slots", "chunks"])
-def decode_keys(request, monkeypatch):
+def decode_keys(request):
     """Both ways decode reads its keys: exact slots by a sampled matmul (CPU float32) and
     equal-length chunks (everywhere else), each checked equal to the plain path."""
     exact = request.param == "slots"
-    monkeypatch.setattr(attention, "exact_decode_slots", lambda device, dtype: exact)
-    return DecodeSlots if exact else DecodeChunks
+    routes = Routes(exact_decode_slots=exact, matmul_attention=False, flash_lse=attention.CPU_FLASH_LSE)
+    return routes, DecodeSlots if exact else DecodeChunks
 
 
 @pytest.mark.parametrize("windows", [{None}, {None, 6}])
 def test_decode_keys_both_ways(decode_keys, windows):
     """Decode rows alone, beside prompt chunks, and after shared blocks; contexts of one
     block, a partial last block, and several chunks; sliding windows."""
+    routes, kind = decode_keys
     decode = [SeqChunk(n, 1, table(60 + 13 * i, blocks_for(n + 1)))
               for i, n in enumerate([0, 2, 12, 13, LONG])]
-    plan = run_batch(decode, windows, seed=14)
-    assert all(isinstance(keys, decode_keys) for keys in plan.parts[0].chunks.values())
-    run_batch(mixed_batch(), windows, seed=15)
+    plan = run_batch(decode, windows, seed=14, routes=routes)
+    assert all(isinstance(keys, kind) for keys in plan.parts[0].chunks.values())
+    run_batch(mixed_batch(), windows, seed=15, routes=routes)
     shared = table(5, 3)
     sharing = [SeqChunk(n, 1, shared + table(60 + 13 * i, blocks_for(n + 1) - 3))
                for i, n in enumerate([12, 13, 20, LONG])]
-    plan = run_batch(sharing, windows, seed=16)
-    assert isinstance(plan.parts[0].own, decode_keys)
+    plan = run_batch(sharing, windows, seed=16, routes=routes)
+    assert isinstance(plan.parts[0].own, kind)
 
 
 def test_exact_slots_where_the_sampled_matmul_runs():
-    cpu = torch.device("cpu")
-    assert attention.exact_decode_slots(cpu, torch.float32)
-    assert not attention.exact_decode_slots(cpu, torch.bfloat16)
-    assert not attention.exact_decode_slots(torch.device("cuda"), torch.float32)
+    assert Routes.probe(CPU, torch.float32).exact_decode_slots
+    assert not Routes.probe(CPU, torch.bfloat16).exact_decode_slots
+    assert not Routes.probe(torch.device("cuda"), torch.float32).exact_decode_slots
 
 
 def test_prefix_shared_only_up_to_the_shortest_context():
@@ -188,16 +193,17 @@ def test_windowed_only_model_keeps_the_padded_prefill():
 
 
 @pytest.mark.parametrize("windows", [{None}, {None, 6}])
-def test_shared_kinds_with_plain_math(monkeypatch, windows):
+def test_shared_kinds_with_plain_math(windows):
     """Off CPU (no flash kernel with log-sum-exp) the shared decode part uses matmuls and prefill
     chunks after a shared prefix take the padded SDPA; same results."""
-    monkeypatch.setattr(attention, "CPU_FLASH_LSE", False)
+    off_cpu = Routes.probe(torch.device("cuda"), torch.float32)
+    assert not off_cpu.flash_lse
     shared = table(5, 3)
     decode = [SeqChunk(n, 1, shared + table(60 + 13 * i, blocks_for(n + 1) - 3))
               for i, n in enumerate([12, 20])]
     prefill = [SeqChunk(n, length, shared + table(120 + 11 * i, blocks_for(n + length) - 3))
                for i, (n, length) in enumerate([(12, 4), (15, 6)])]
-    plan = run_batch(decode + prefill, windows, seed=7)
+    plan = run_batch(decode + prefill, windows, seed=7, routes=off_cpu)
     assert [type(p) for p in plan.parts] == [SharedPrefixDecode, PagedPrefill]
 
 
@@ -212,12 +218,10 @@ def test_shared_kinds_with_plain_math(monkeypatch, windows):
 BF16_ERROR_FACTOR = 3.0
 
 
-def force_matmul_attention(monkeypatch, tile_scores: int = 64):
+def matmul_routes(tile_scores: int = 64) -> Routes:
     """Matmul attention on in bfloat16, with tiles small enough that every test crosses tiles."""
-    monkeypatch.setattr(attention, "matmul_attention_faster",
-                        lambda device, dtype: dtype == torch.bfloat16)
-    monkeypatch.setattr(attention, "TILE_SCORES", tile_scores)
-    monkeypatch.setattr(attention, "MIN_TILE_ROWS", 2)
+    return Routes(exact_decode_slots=False, matmul_attention=True, flash_lse=attention.CPU_FLASH_LSE,
+                  tile_scores=tile_scores, min_tile_rows=2)
 
 
 def mean_error(got: torch.Tensor, reference: torch.Tensor) -> float:
@@ -225,8 +229,7 @@ def mean_error(got: torch.Tensor, reference: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize("masked", [False, True])
-def test_matmul_attention_against_float32(monkeypatch, masked):
-    force_matmul_attention(monkeypatch)
+def test_matmul_attention_against_float32(masked):
     g = torch.Generator().manual_seed(11)
     q, k, v = (torch.randn(2, 3, n, 16, generator=g) for n in (37, 29, 29))
     mask = torch.where(torch.rand(2, 1, 37, 29, generator=g) < 0.3, -math.inf, 0.0) if masked else None
@@ -237,14 +240,14 @@ def test_matmul_attention_against_float32(monkeypatch, masked):
     bq, bk, bv = (x.bfloat16() for x in (q, k, v))
     bmask = None if mask is None else mask.bfloat16()
     sdpa = torch.nn.functional.scaled_dot_product_attention(bq, bk, bv, attn_mask=bmask)
-    out, lse = attention.matmul_attention(bq, bk, bv, bmask, with_lse=True)
+    out, lse = attention.matmul_attention(bq, bk, bv, matmul_routes(), bmask, with_lse=True)
     assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
     assert mean_error(out, expected) <= BF16_ERROR_FACTOR * mean_error(sdpa, expected)
     torch.testing.assert_close(lse, torch.logsumexp(scores, -1), atol=0.05, rtol=0.01)
 
 
-def test_causal_matmul_attention_against_float32(monkeypatch):
-    force_matmul_attention(monkeypatch, tile_scores=2 * 3 * 41 * 7)  # tiles of 7 positions
+def test_causal_matmul_attention_against_float32():
+    routes = matmul_routes(tile_scores=2 * 3 * 41 * 7)  # tiles of 7 positions
     g = torch.Generator().manual_seed(12)
     q = torch.randn(2, 3, 41, 16, generator=g)  # [KVH, g, L, D]
     k, v = torch.randn(2, 41, 16, generator=g), torch.randn(2, 41, 16, generator=g)
@@ -252,22 +255,22 @@ def test_causal_matmul_attention_against_float32(monkeypatch):
     expected = torch.nn.functional.scaled_dot_product_attention(q, expand(k), expand(v), is_causal=True)
     bq, bk, bv = (x.bfloat16() for x in (q, k, v))
     sdpa = torch.nn.functional.scaled_dot_product_attention(bq, expand(bk), expand(bv), is_causal=True)
-    got = attention.causal_matmul_attention(bq, bk, bv)
+    got = attention.causal_matmul_attention(bq, bk, bv, routes)
     assert mean_error(got, expected) <= BF16_ERROR_FACTOR * mean_error(sdpa, expected)
 
 
 @pytest.mark.parametrize("windows", [{None}, {None, 6}])
-def test_every_kind_in_bfloat16_by_matmuls(monkeypatch, windows):
+def test_every_kind_in_bfloat16_by_matmuls(windows):
     """Every kind (prompt from 0, decode, chunks after a prefix, shared prefixes) in bfloat16 by
     matmuls, against the plain path in float32 on the same inputs, and no worse than a small
     factor of the plain path's own bfloat16 error."""
-    force_matmul_attention(monkeypatch, tile_scores=2 * 2 * 23 * 5)  # the 23-token prompt: tiles of 5
+    routes = matmul_routes(tile_scores=2 * 2 * 23 * 5)  # the 23-token prompt: tiles of 5
     shared = table(5, 3)
     chunks = mixed_batch() + [SeqChunk(12, 4, shared + table(120, 2)), SeqChunk(15, 6, shared + table(140, 3)),
                               SeqChunk(0, 23, table(170, blocks_for(23)))]
     q, k, v, pool_k, pool_v, meta = random_step(chunks, seed=9)
     bf = [x.bfloat16() for x in (q, k, v, pool_k, pool_v)]
-    plan = FastAttention(windows, HEADS // KV_HEADS, torch.bfloat16, torch.device("cpu")).plan(chunks, BLOCK)
+    plan = FastAttention(windows, HEADS // KV_HEADS, torch.bfloat16, CPU, routes).plan(chunks, BLOCK)
     for window in windows:
         expected = paged_attention(q, pool_k, pool_v, meta, window)
         plain = paged_attention(bf[0], bf[3], bf[4], meta, window)

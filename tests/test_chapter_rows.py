@@ -51,8 +51,8 @@ def test_readme_quotes_each_row_definition_and_the_rule():
 
 
 def test_measuring_replaces_no_method(llama_dir):
-    """The meter wraps the cache's swappable ``hash_fn`` and reads ``events``; the chapter's
-    methods stay the class's own."""
+    """The meter wraps the cache's swappable ``hash_fn`` and records through ``recording()``;
+    the chapter's methods stay the class's own, and no recording is left behind."""
     prompt = random_prompt(40, seed=2)
     llm = chapter_llm(llama_dir, dict(block_size=BLOCK, max_num_seqs=2, device="cpu"), prompt)
     pc = llm.prefix_cache
@@ -60,7 +60,7 @@ def test_measuring_replaces_no_method(llama_dir):
     assert rows[ROWS[1].label].calls == 0  # incremental: nothing hashed at save
     assert rows[ROWS[1].label].us == 0.0
     replaced = {"_chain_hash", "_do_prefill_step", "_lookup_prefix_cache", "lookup", "cache_blocks"} & set(vars(pc))
-    assert replaced == set() and pc.events is None
+    assert replaced == set() and pc._listeners == []
 
 
 def test_poke_follows_the_rule():

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from internals import cpu_memory
+from fast import cpu_memory
 
 CPU = torch.device("cpu")
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,7 +16,8 @@ def traced_run(model_dir: str, strategy: str):
     """Run both rounds; return (per-step trace, tokens, final stats, chain events)."""
     llm = make_llm(model_dir, block_size=8, num_kv_blocks=22, max_num_seqs=5,
                    max_num_batched_tokens=40, hash_strategy=strategy)
-    llm.prefix_cache.events = []
+    events = []
+    llm.prefix_cache.subscribe(events.append)
     trace = []
     schedule = llm.scheduler.schedule
 
@@ -33,7 +34,7 @@ def traced_run(model_dir: str, strategy: str):
     outs2 = llm.generate(follow_ups, greedy(12), use_tqdm=False)
     assert_no_leak(llm)
     tokens = [o.outputs[0].token_ids for o in outs1 + outs2]
-    return trace, tokens, llm.stats(), llm.prefix_cache.events
+    return trace, tokens, llm.stats(), events
 
 
 def round_one_prompts() -> list[list[int]]:

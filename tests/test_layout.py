@@ -1,7 +1,15 @@
-"""The tree's promises: no import circles among the project's modules, and no sys.path edits.
+"""The tree's promises: three floors whose imports point one way, no import circles, no
+sys.path edits, the design card's files at the top.
 
-Imports are read with ``ast`` (module level and function level alike), so a circle hidden by a
-function-local import fails here too.
+* the core (the design card's scheduler, block_manager, prefix_cache, model, and core/)
+  imports nothing above it;
+* the fast layer (fast/) imports the core and itself;
+* the vLLM layer (vllm_api/) imports the core, the fast layer and itself;
+* engine.py (the public face) and the applications (run.py, bench.py, teaching/, exercises/,
+  benchmarks/, tools/) may import any floor; no floor imports them.
+
+Imports are read with ``ast`` (module level and function level alike), so an arrow hidden in a
+function-local import counts too.
 """
 from __future__ import annotations
 
@@ -9,7 +17,9 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("api", "internals", "teaching", "benchmarks", "exercises", "tools")
+PACKAGES = ("core", "fast", "vllm_api", "teaching", "benchmarks", "exercises", "tools")
+CORE_FILES = ("scheduler", "block_manager", "prefix_cache", "model")
+FLOOR_BELOW = {"core": {"core"}, "fast": {"core", "fast"}, "vllm": {"core", "fast", "vllm"}}
 
 
 def project_modules() -> dict[str, Path]:
@@ -36,6 +46,20 @@ def imports_of(path: Path, known: set[str]) -> set[str]:
     return {name for name in found if name in known}
 
 
+def floor_of(module: str) -> str:
+    """core, fast, vllm, or app (engine.py and everything that only uses the engine)."""
+    top = module.split(".")[0]
+    if top in CORE_FILES or top == "core":
+        return "core"
+    return {"fast": "fast", "vllm_api": "vllm"}.get(top, "app")
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = project_modules()
+    # A package's __init__ is not an edge target for its own members' imports of siblings.
+    return {name: imports_of(path, set(modules)) - {name} for name, path in modules.items()}
+
+
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     state: dict[str, str] = {}
     stack: list[str] = []
@@ -58,11 +82,37 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+def upward_arrows(graph: dict[str, set[str]]) -> list[str]:
+    """Every import that leaves its floor for one it may not use."""
+    wrong = []
+    for module, targets in graph.items():
+        allowed = FLOOR_BELOW.get(floor_of(module))
+        if allowed is None:
+            continue  # the applications may import any floor
+        wrong += [f"{module} -> {t}" for t in sorted(targets) if floor_of(t) not in allowed]
+    return wrong
+
+
+def test_floors_import_downward_only():
+    graph = import_graph()
+    floors = {floor_of(m) for m in graph}
+    assert {"core", "fast", "vllm", "app"} <= floors, "the walk found every floor"
+    assert graph["engine"] >= {"core.engine_core", "vllm_api.llm"}, "the face names both floors"
+    assert upward_arrows(graph) == []
+
+
+def test_the_direction_check_catches_an_upward_arrow():
+    graph = {"scheduler": {"vllm_api.sampling_params"}, "fast.attention": {"model"},
+             "core.sampler": {"fast.linear"}, "vllm_api.llm": {"fast.backend", "run"},
+             "run": {"vllm_api.llm"}}
+    assert sorted(upward_arrows(graph)) == ["core.sampler -> fast.linear",
+                                            "scheduler -> vllm_api.sampling_params",
+                                            "vllm_api.llm -> run"]
+
+
 def test_no_import_circles():
-    modules = project_modules()
-    # A package's __init__ is not an edge target for its own members' imports of siblings.
-    graph = {name: imports_of(path, set(modules)) - {name} for name, path in modules.items()}
-    assert "engine" in graph and graph["engine"], "the walk found the engine's imports"
+    graph = import_graph()
+    assert graph["engine"], "the walk found the engine's imports"
     assert find_cycle(graph) is None, f"import circle: {' -> '.join(find_cycle(graph))}"
 
 
@@ -82,3 +132,17 @@ def test_top_level_is_the_design_card():
     top = sorted(p.name for p in ROOT.glob("*.py"))
     assert top == ["bench.py", "block_manager.py", "engine.py", "model.py", "prefix_cache.py",
                    "run.py", "scheduler.py"]
+
+
+def test_no_module_global_switches_a_path():
+    """What path runs is an argument (a backend, its Routes), never a module-level flag that
+    code reads at call time: no core or fast module rebinds a global."""
+    offenders = []
+    for name, path in project_modules().items():
+        if floor_of(name) not in ("core", "fast"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Global):
+                offenders.append(f"{name}: global {', '.join(node.names)}")
+    assert offenders == ["fast.cpu_threads: global _callers_threads",
+                         "fast.cpu_threads: global _set_by_policy"]  # torch's thread count is per process

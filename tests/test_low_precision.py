@@ -22,6 +22,8 @@ import torch
 
 import helpers
 from tools.teacher_forced import MODES, hf_logits, position_error, teacher_forced_logits
+from core.backend import Backend
+from fast.backend import FastBackend
 from model import load_model
 
 MEAN_FACTOR, MAX_FACTOR = 1.25, 1.5
@@ -37,12 +39,17 @@ def wider_llama(tmp_path_factory) -> str:
     return helpers.build_checkpoint("llama", str(tmp_path_factory.mktemp("wider_llama")), **WIDER)
 
 
+def backend(model_dir: str, dtype: torch.dtype, fast_paths: bool):
+    model = load_model(model_dir, dtype, CPU)
+    return FastBackend(model) if fast_paths else Backend(model)
+
+
 def assert_within_hf(model_dir: str, ids: list[int], dtype: torch.dtype, fast_paths: bool) -> None:
     reference = hf_logits(model_dir, tuple(ids), torch.float32)
     hf = position_error(hf_logits(model_dir, tuple(ids), dtype), reference)
-    model = load_model(model_dir, dtype, CPU, fast_paths)
+    runs = backend(model_dir, dtype, fast_paths)
     for mode in MODES:
-        ours = position_error(teacher_forced_logits(model, ids, mode), reference)
+        ours = position_error(teacher_forced_logits(runs, ids, mode), reference)
         what = f"{dtype} {mode} fast_paths={fast_paths}: ours mean/max {ours.mean():.4f}/{ours.max():.4f}, " \
                f"HF's {hf.mean():.4f}/{hf.max():.4f}"
         assert ours.mean() <= MEAN_FACTOR * hf.mean(), what
@@ -67,9 +74,9 @@ def test_float32_logits_equal_hf(checkpoints):
     ids = helpers.random_prompt(PROMPT_LEN, seed=7)
     reference = hf_logits(checkpoints["mistral"], tuple(ids), torch.float32)
     for fast_paths in (True, False):
-        model = load_model(checkpoints["mistral"], torch.float32, CPU, fast_paths)
+        runs = backend(checkpoints["mistral"], torch.float32, fast_paths)
         for mode in MODES:
-            assert position_error(teacher_forced_logits(model, ids, mode), reference).max() < 1e-4
+            assert position_error(teacher_forced_logits(runs, ids, mode), reference).max() < 1e-4
 
 
 def test_the_bound_catches_a_mask_bug(checkpoints):
@@ -78,7 +85,7 @@ def test_the_bound_catches_a_mask_bug(checkpoints):
     model_dir, ids = checkpoints["llama"], helpers.random_prompt(PROMPT_LEN, seed=5)
     reference = hf_logits(model_dir, tuple(ids), torch.float32)
     hf = position_error(hf_logits(model_dir, tuple(ids), torch.bfloat16), reference)
-    model = load_model(model_dir, torch.bfloat16, CPU, fast_paths=False)
-    model.layers[0].self_attn.window = 16
-    ours = position_error(teacher_forced_logits(model, ids, "whole"), reference)
+    runs = backend(model_dir, torch.bfloat16, fast_paths=False)
+    runs.model.layers[0].self_attn.window = 16
+    ours = position_error(teacher_forced_logits(runs, ids, "whole"), reference)
     assert ours.max() > 3 * MAX_FACTOR * hf.max() and ours.mean() > 3 * MEAN_FACTOR * hf.mean()

@@ -1,16 +1,19 @@
-"""The plain path is the spec: ``LLM(ckpt, fast_paths=False)`` (model.py's paged attention and
-plain linear layers only) and ``fast_paths=True`` (internals/: attention kinds, oneDNN-packed
-linears) give the same greedy tokens, and both give Hugging Face's, on every architecture,
+"""The plain path is the spec: ``LLM(ckpt, fast_paths=False)`` (core/backend.py's ``Backend``:
+model.py's paged attention and plain linear layers only) and ``fast_paths=True`` (fast/: attention
+kinds, oneDNN-packed linears) give the same greedy tokens, and both give Hugging Face's, on every architecture,
 over a workload that hits the prefix cache, chunks prefill and mixes decode with prefill."""
 from __future__ import annotations
 
 import pytest
 import torch
 
+from core.backend import Backend
+from fast import linear as fast_linear
+from fast.backend import FastBackend
+from fast.linear import PackedLinear, PackedSiluMLP, packed_copy
 from helpers import GreedyReference, assert_no_leak, greedy, make_llm, random_prompt
-from internals import fast_linear
-from internals.fast_linear import PackedLinear, PackedSiluMLP
-from model import load_model
+from invariants import engine_core
+from model import CausalLM, load_model
 
 MAX_TOKENS = 12
 CPU = torch.device("cpu")
@@ -25,10 +28,11 @@ def workload(seed: int) -> list[list[int]]:
 
 
 def record_steps(llm) -> list[list[tuple[int, int]]]:
-    """(start, length) of every sequence's chunk in every forward, by wrapping prepare."""
-    steps, prepare = [], llm.model.prepare
-    llm.model.prepare = lambda chunks, block_size: (
-        steps.append([(c.start, c.length) for c in chunks]) or prepare(chunks, block_size))
+    """(start, length) of every sequence's chunk in every forward, by wrapping the plan."""
+    backend = engine_core(llm).model_runner.backend
+    steps, plan = [], backend.plan
+    backend.plan = lambda chunks, block_size: (
+        steps.append([(c.start, c.length) for c in chunks]) or plan(chunks, block_size))
     return steps
 
 
@@ -63,23 +67,30 @@ def test_plain_and_fast_paths_give_the_same_tokens_as_hf(checkpoints, arch):
         reference.compare_all(prompts, round_, MAX_TOKENS)
 
 
-def test_plain_model_uses_no_fast_machinery(llama_dir):
-    model = load_model(llama_dir, "float32", CPU, fast_paths=False)
-    assert model.fast_attention is None
-    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    assert len(linears) == 1 + 4 * len(model.layers)  # lm_head; qkv, o, gate_up, down per layer
-    assert not any(isinstance(m, (PackedLinear, PackedSiluMLP)) for m in model.modules())
+def test_plain_engine_uses_no_fast_machinery(llama_dir):
+    """fast_paths=False runs the core's own Backend; either way the model is model.py's."""
+    plain, fast = (make_llm(llama_dir, fast_paths=f) for f in (False, True))
+    assert type(engine_core(plain).model_runner.backend) is Backend
+    assert isinstance(engine_core(fast).model_runner.backend, FastBackend)
+    for llm in (plain, fast):
+        model = llm.model
+        assert type(model) is CausalLM
+        linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+        assert len(linears) == 1 + 4 * len(model.layers)  # lm_head; qkv, o, gate_up, down per layer
+        assert not any(isinstance(m, (PackedLinear, PackedSiluMLP)) for m in model.modules())
 
 
 def test_packed_linears_compute_the_plain_linears(llama_dir):
-    """Where oneDNN runs here, every linear is packed and gives the plain layer's result."""
-    plain = load_model(llama_dir, "float32", CPU, fast_paths=False)
-    fast = load_model(llama_dir, "float32", CPU, fast_paths=True)
+    """Where oneDNN runs here, every linear of the packed copy is packed and gives the plain
+    layer's result; the copy shares the model's parameters and leaves the model as it was."""
+    plain = load_model(llama_dir, "float32", CPU)
+    fast = packed_copy(plain)
     packed = [m for m in fast.modules() if isinstance(m, (PackedLinear, PackedSiluMLP))]
-    # Per layer qkv, o, the MLP and its down projection; then lm_head.
-    expected = 4 * len(fast.layers) + 1 if fast_linear.onednn_linears_usable(CPU, torch.float32) else 0
-    assert len(packed) == expected
+    assert len(packed) == 4 * len(fast.layers) + 1  # per layer qkv, o, the MLP, down; lm_head
+    assert not any(isinstance(m, (PackedLinear, PackedSiluMLP)) for m in plain.modules())
+    assert fast.embed_tokens.weight is plain.embed_tokens.weight
     x = torch.randn(5, plain.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    assert fast_linear.onednn_linears_usable(CPU, torch.float32)  # torch's x86 CPU build has oneDNN
     with torch.inference_mode():
         for plain_layer, fast_layer in zip(plain.layers, fast.layers):
             torch.testing.assert_close(fast_layer.mlp(x), plain_layer.mlp(x), atol=1e-5, rtol=1e-5)

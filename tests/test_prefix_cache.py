@@ -289,7 +289,7 @@ def test_workload_larger_than_pool(llama_dir, reference):
 def test_decode_attends_shared_prefix_once_for_the_batch(llama_dir, reference, monkeypatch):
     """Sequences decoding over the same cached prefix blocks use the shared-prefix path
     (the prefix gathered once for the batch), and their tokens stay HF's."""
-    from internals import attention
+    from fast import attention
 
     calls = []
     real = attention.shared_prefix_decode

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from internals.sampler import Sampler, gather_logprobs, noise_seed, prompt_logprobs
-from api.sampling_params import SamplingParams
+from core.sampler import Sampler, gather_logprobs, noise_seed, prompt_logprobs
+from vllm_api.sampling_params import SamplingParams
 
 V = 64
 EOS = 2

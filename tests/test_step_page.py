@@ -103,14 +103,15 @@ def recorded(llama_dir, tmp_path_factory):
     """The page's run, and what the engines themselves held after every step."""
     truth = {}
 
-    def keep(strategy, step, llm):
+    def keep(strategy, step, recorder):
+        llm, events = recorder.llm, recorder.events  # every event of the engine since it was built
         seqs = list(llm.scheduler.running) + list(llm.scheduler.waiting)
         truth[strategy, step] = dict(
             hashes=llm.prefix_cache.hash_computations, stats=llm.stats(),
             tables=[(s.request_id, list(s.block_table)) for s in seqs],
             refs=[b.ref_count for b in llm.block_manager.blocks],
-            kinds=Counter(e.kind for e in llm.prefix_cache.events[keep.seen[strategy]:]))
-        keep.seen[strategy] = len(llm.prefix_cache.events)
+            kinds=Counter(e.kind for e in events[keep.seen[strategy]:]))
+        keep.seen[strategy] = len(events)
     keep.seen = dict.fromkeys(step_page.STRATEGIES, 0)
     data = step_page.record(llama_dir, dict(device="cpu", dtype="float32"), on_step=keep)
     page = tmp_path_factory.mktemp("page") / "steps.html"

@@ -404,7 +404,7 @@ def test_incremental_detokenizer_equals_decode_with_short_windows():
 
     from transformers import AutoTokenizer
 
-    from api.outputs import IncrementalDetokenizer
+    from core.detokenizer import IncrementalDetokenizer
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     tok = AutoTokenizer.from_pretrained(os.path.join(root, "demo_model"))
@@ -426,7 +426,7 @@ def test_stop_string_holdback_for_streaming():
         def decode(self, ids, **kw):
             return " ".join(f"w{i}" for i in ids)
 
-    from api.outputs import IncrementalDetokenizer
+    from core.detokenizer import IncrementalDetokenizer
 
     detok = IncrementalDetokenizer(WordTokenizer(), SamplingParams(stop=["w3 w4"]))
     assert [detok.update(t) for t in (1, 2, 3)] == [None, None, None]

@@ -12,13 +12,13 @@ import shutil
 import pytest
 import torch
 
-import api.public as public
-from api.engine_args import DEMO_MODEL, EngineArgs
-from api.errors import UnsupportedFeatureError, VLLMValidationError
-from api.intake import reject_unsupported
+import vllm_api.public as public
+from vllm_api.engine_args import DEMO_MODEL, EngineArgs
+from vllm_api.errors import UnsupportedFeatureError, VLLMValidationError
+from vllm_api.intake import reject_unsupported
 from engine import LLM, SamplingParams
 from helpers import greedy, make_llm, random_prompt
-from internals.sampler import Sampler
+from core.sampler import Sampler
 
 
 def test_every_public_name_imports_and_is_listed():

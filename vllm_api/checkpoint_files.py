@@ -12,7 +12,7 @@ import json
 import os
 from pathlib import Path
 
-from api.intake import TokensPrompt
+from vllm_api.intake import TokensPrompt
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 TEMPLATE_MARKERS = ("{", "}", "\n")  # what a template that uses the conversation contains

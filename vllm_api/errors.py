@@ -1,21 +1,16 @@
 """The exception types vLLM clients catch, and the one way this engine refuses a feature.
 
-vLLM 0.32 raises ``VLLMValidationError`` for a bad request value; here it also derives from
-``ValueError``, so ``except ValueError`` and ``except VLLMValidationError`` both catch it.
-A feature this engine does not serve (LoRA, structured outputs, beam search, pooling, ...)
-is refused when it is *used* -- its parameter objects construct fine -- with an
-``UnsupportedFeatureError`` whose message names the feature.
+vLLM 0.32 raises ``VLLMValidationError`` for a bad request value; here it is the core's
+``ParameterError``, a ``ValueError``, so ``except ValueError`` and
+``except VLLMValidationError`` both catch it. A feature this engine does not serve (LoRA,
+structured outputs, beam search, pooling, ...) is refused when it is *used* -- its parameter
+objects construct fine -- with an ``UnsupportedFeatureError`` whose message names the feature.
 """
 from __future__ import annotations
 
+from core.sampling_params import ParameterError
 
-class VLLMValidationError(ValueError):
-    """A request value is invalid; ``parameter`` and ``value`` say which (as vLLM's)."""
-
-    def __init__(self, message: str, *, parameter: str | None = None, value=None) -> None:
-        super().__init__(message)
-        self.parameter = parameter
-        self.value = value
+VLLMValidationError = ParameterError
 
 
 class UnsupportedFeatureError(ValueError):

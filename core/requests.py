@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from api.outputs import (CompletionOutput, IncrementalDetokenizer, PositionLogprobs, RequestOutput,
-                         TokenTexts, logprob_dict)
-from api.sampling_params import RequestOutputKind, SamplingParams
-from internals.sampler import TokenLogprobs
+from core.detokenizer import IncrementalDetokenizer
+from core.outputs import CompletionOutput, PositionLogprobs, RequestOutput, TokenTexts, logprob_dict
+from core.sampler import TokenLogprobs
+from core.sampling_params import RequestOutputKind, SamplingParams
 from scheduler import Sequence
 
 
@@ -40,11 +40,13 @@ class OutputSink:
 
 @dataclass(eq=False)  # identity: one record per sequence
 class SequenceState:
-    """What the engine keeps per sequence beyond its tokens."""
+    """What the engine keeps per sequence beyond its tokens; the sampler reads a step's rows
+    through it (``sampling_params`` and the sequence's tokens)."""
 
     index: int
     seq: Sequence
     request: RequestState  # the request this sequence is one of the n of
+    params: SamplingParams  # this sequence's own (child i of n gets seed + i)
     detokenizer: IncrementalDetokenizer | None
     logprobs: list[PositionLogprobs] | None = None  # per output token, when asked for
     cumulative_logprob: float | None = None
@@ -58,6 +60,26 @@ class SequenceState:
     @property
     def finished(self) -> bool:
         return self.seq.is_finished
+
+    @property
+    def sampling_params(self) -> SamplingParams:
+        return self.params
+
+    @property
+    def tokens(self):
+        return self.seq.tokens
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return self.seq.num_prompt_tokens
+
+    @property
+    def num_tokens(self) -> int:
+        return self.seq.num_tokens
+
+    @property
+    def num_output_tokens(self) -> int:
+        return self.seq.num_output_tokens
 
     def record_logprobs(self, logprobs: TokenLogprobs | None, texts: TokenTexts) -> None:
         """Append the sampled token's logprobs (when the request asked for them)."""

@@ -6,10 +6,10 @@ docs/vllm_api.md says, name by name, what is implemented, neutral, or refused at
 """
 from __future__ import annotations
 
-from api.beam import BeamSearchParams
-from api.engine_args import AsyncEngineArgs, EngineArgs
-from api.errors import UnsupportedFeatureError, VLLMValidationError
-from api.intake import (
+from vllm_api.beam import BeamSearchParams
+from vllm_api.engine_args import AsyncEngineArgs, EngineArgs
+from vllm_api.errors import UnsupportedFeatureError, VLLMValidationError
+from vllm_api.intake import (
     DataPrompt,
     EmbedsInput,
     EmbedsPrompt,
@@ -21,10 +21,11 @@ from api.intake import (
     TokensPrompt,
     tokens_input,
 )
-from api.lora import LoRARequest
-from api.metrics import Counter, Gauge, Histogram, Metric, Vector
-from api.outputs import STREAM_FINISHED, CompletionOutput, Logprob, RequestError, RequestOutput
-from api.pooling import (
+from vllm_api.lora import LoRARequest
+from vllm_api.metrics import Counter, Gauge, Histogram, Metric, Vector
+from core.outputs import CompletionOutput, Logprob, RequestOutput
+from vllm_api.outputs import STREAM_FINISHED, RequestError
+from vllm_api.pooling import (
     ClassificationOutput,
     ClassificationRequestOutput,
     EmbeddingOutput,
@@ -35,20 +36,20 @@ from api.pooling import (
     ScoringOutput,
     ScoringRequestOutput,
 )
-from api.refused_engines import (
+from vllm_api.refused_engines import (
     AsyncLLMEngine,
     FlexibleArgumentParser,
     ModelRegistry,
     initialize_ray_cluster,
 )
-from api.sampling_params import (
+from vllm_api.sampling_params import (
     RepetitionDetectionParams,
     RequestOutputKind,
     SamplingParams,
     SamplingType,
 )
-from api.structured import GuidedDecodingParams, StructuredOutputsParams
-from api.vllm_config import (
+from vllm_api.structured import GuidedDecodingParams, StructuredOutputsParams
+from vllm_api.vllm_config import (
     CompilationConfig,
     CompilationMode,
     CUDAGraphMode,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from api.errors import VLLMValidationError
+from vllm_api.errors import VLLMValidationError
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Fast attention over the paged KV pool: a fast path of model.py a reader can skip.
+"""Fast attention over the paged KV pool: the fast layer's attention backend.
 
 model.py's ``paged_attention`` is the spec: gather each sequence's blocks, one SDPA call over
 the padded batch. This file computes the same thing faster by sorting each step's tokens into
@@ -10,13 +10,14 @@ tested equal to the plain path (tests/test_attention_kinds.py). Pure PyTorch: th
 runs on CPU and CUDA; on CPU two kinds use the flash kernel's log-sum-exp to merge attention
 over a shared prefix with the rest of each context. In bfloat16 on a CPU that computes it
 natively, where that kernel is slow, the prompt kinds and the shared part attend by tiled
-matmuls and a fused softmax instead (``matmul_attention``).
+matmuls and a fused softmax instead (``matmul_attention``). Which route each kind takes is a
+``Routes`` value the backend is built with (probed from the machine unless given), never a
+module global.
 
-Reading order: the pool as the kinds read it -> attention kinds -> the planner.
+Reading order: routes -> the pool as the kinds read it -> attention kinds -> the planner.
 """
 from __future__ import annotations
 
-import functools
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -25,21 +26,48 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from internals.cpu_memory import empty_on_huge_pages
-from internals.fast_linear import native_low_precision
+from fast.cpu_memory import empty_on_huge_pages
+from fast.linear import native_low_precision
+from model import SeqChunk, token_slots
+
+CPU_FLASH_LSE = hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
+
+
+# ----------------------------------------------------------------------------- routes
+
+@dataclass(frozen=True)
+class Routes:
+    """Which way each kind computes, for one device and dtype (``probe``); tests pass their own.
+
+    * ``exact_decode_slots``: decode reads exactly its keys by a sampled matmul of the pool
+      (DecodeSlots) -- on CPU in float32, where a decode step runs 1.1-1.4x faster than with
+      gathered chunks; CPU has no bfloat16 sampled matmul.
+    * ``matmul_attention``: prompt kinds and shared parts attend by tiled matmuls and a fused
+      softmax -- on a CPU with native bfloat16, where SDPA's flash kernel computes bfloat16
+      several times below the matmul peak. In float32 the flash kernel is as fast, so it stays.
+    * ``flash_lse``: the CPU flash kernel's log-sum-exp output is there (merging a shared prefix
+      with the rest of each context needs it; without it the shared kinds are not used).
+    * ``tile_scores`` / ``min_tile_rows``: rows of scores per tile of ``matmul_attention``:
+      enough that both matmuls run near the peak, few enough that a tile stays in cache.
+    """
+
+    exact_decode_slots: bool
+    matmul_attention: bool
+    flash_lse: bool
+    tile_scores: int = 1 << 21
+    min_tile_rows: int = 64
+
+    @classmethod
+    def probe(cls, device: torch.device, dtype: torch.dtype) -> Routes:
+        cpu = device.type == "cpu"
+        return cls(
+            exact_decode_slots=(cpu and dtype == torch.float32 and hasattr(torch.sparse, "sampled_addmm")
+                                and hasattr(torch, "segment_reduce")),
+            matmul_attention=cpu and dtype == torch.bfloat16 and native_low_precision(dtype),
+            flash_lse=CPU_FLASH_LSE and cpu and dtype in (torch.float32, torch.bfloat16))
 
 
 # ----------------------------------------------------------------------------- KV pool as layers read it
-
-@dataclass
-class SeqChunk:
-    """What one sequence contributes to a forward: positions [start, start + length) of the
-    sequence whose blocks, in order, are ``block_table``."""
-
-    start: int
-    length: int
-    block_table: list[int]
-
 
 class Scratch:
     """Buffers reused by every layer and step. On CPU a fresh multi-MB tensor per pool read
@@ -77,6 +105,7 @@ class LayerKV:
     v: torch.Tensor
     block_size: int
     scratch: Scratch
+    routes: Routes
 
     def read_blocks(self, block_ids: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of ``block_ids`` in order, as [KVH, len(block_ids) * block_size, D] each,
@@ -122,8 +151,8 @@ class CausalPrefill:
     window_masks: dict  # sliding window -> additive [L, L] mask over the chunk's own tokens
 
     def attend(self, q, k, v, cache: LayerKV, window: int | None, out: torch.Tensor) -> None:
-        if window is None and matmul_attention_faster(q.device, q.dtype):
-            return self.attend_by_matmuls(q, k, v, out)
+        if window is None and cache.routes.matmul_attention:
+            return self.attend_by_matmuls(q, k, v, out, cache.routes)
         qs, ks, vs = (x[self.tokens].transpose(0, 1)[None] for x in (q, k, v))
         gqa = ks.shape[1] != qs.shape[1]
         if window is None:
@@ -133,12 +162,12 @@ class CausalPrefill:
                                                  enable_gqa=gqa)
         out[self.tokens] = res[0].transpose(0, 1)
 
-    def attend_by_matmuls(self, q, k, v, out: torch.Tensor) -> None:
+    def attend_by_matmuls(self, q, k, v, out: torch.Tensor, routes: Routes) -> None:
         own = q[self.tokens]
         length, heads, dim = own.shape
         qs = own.view(length, k.shape[1], -1, dim).permute(1, 2, 0, 3)  # [KVH, g, L, D]
         ks, vs = (x[self.tokens].transpose(0, 1).contiguous() for x in (k, v))
-        res = causal_matmul_attention(qs, ks, vs)
+        res = causal_matmul_attention(qs, ks, vs, routes)
         out[self.tokens] = res.permute(2, 0, 1, 3).reshape(length, heads, dim)
 
 
@@ -165,6 +194,14 @@ class DecodeChunks:
             starts = torch.arange(0, rows.numel(), self.mask.shape[-1], device=rows.device)
             self._value_rows[heads, slots] = rows, starts
         return self._value_rows[heads, slots]
+
+    def partials(self, q: torch.Tensor, cache: LayerKV) -> tuple[tuple, torch.Tensor]:
+        """(out, peak, total) of every chunk, and the decode row each belongs to."""
+        return chunk_partials(q, cache, self), self.owner
+
+    def attend(self, q: torch.Tensor, cache: LayerKV) -> torch.Tensor:
+        """Normalised attention per decode row, [KVH, B, g, D]: the chunks merged."""
+        return merge_partials([chunk_partials(q, cache, self)], [self.owner], self.num_seqs)
 
 
 def chunk_partials(q: torch.Tensor, cache: LayerKV, chunks: DecodeChunks):
@@ -217,6 +254,15 @@ class DecodeSlots:
             self._layout = (heads, num_slots, dtype), SlotLayout.build(self, heads, num_slots, dtype)
         return self._layout[1]
 
+    def partials(self, q: torch.Tensor, cache: LayerKV) -> tuple[tuple, torch.Tensor]:
+        """(out, peak, total), one partial per decode row, and the rows they belong to."""
+        return slot_partials(q, cache, self), torch.arange(self.num_seqs, device=q.device)
+
+    def attend(self, q: torch.Tensor, cache: LayerKV) -> torch.Tensor:
+        """Normalised attention per decode row, [KVH, B, g, D]: nothing to merge."""
+        out, _, total = slot_partials(q, cache, self)
+        return out.div_(total)
+
 
 @dataclass
 class SlotLayout:
@@ -265,48 +311,8 @@ def slot_partials(q: torch.Tensor, cache: LayerKV, slots: DecodeSlots):
     return out.view(heads, batch, group, dim), peak.view(shape), total.view(shape)
 
 
-def decode_partials(q: torch.Tensor, cache: LayerKV, keys) -> tuple[tuple, torch.Tensor]:
-    """Partials of decode queries over ``keys`` (DecodeChunks or DecodeSlots) and their owners."""
-    if isinstance(keys, DecodeSlots):
-        return slot_partials(q, cache, keys), torch.arange(keys.num_seqs, device=q.device)
-    return chunk_partials(q, cache, keys), keys.owner
-
-
-@functools.cache
-def exact_decode_slots(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether decode reads exactly its keys by a sampled matmul (DecodeSlots): on CPU in
-    float32, where a decode step runs 1.1-1.4x faster than with gathered chunks (42M, 4-64
-    sequences, one and two threads, measured); CPU has no bfloat16 sampled matmul."""
-    return (device.type == "cpu" and dtype == torch.float32
-            and hasattr(torch.sparse, "sampled_addmm") and hasattr(torch, "segment_reduce"))
-
-
-CPU_FLASH_LSE = hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
-
-# Rows of scores per tile of matmul_attention: enough rows that both matmuls run near the
-# bfloat16 peak, few enough that a tile's scores stay in cache (chosen by timing 2^19 to 2^22
-# scores per tile at 256 to 2048 keys).
-TILE_SCORES = 1 << 21
-MIN_TILE_ROWS = 64
-
-
-def flash_with_lse(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether attention_with_lse runs a kernel whose memory is linear in the keys (the flash
-    kernel, or tiled matmul_attention) rather than materialising every score."""
-    return CPU_FLASH_LSE and device.type == "cpu" and dtype in (torch.float32, torch.bfloat16)
-
-
-@functools.cache
-def matmul_attention_faster(device: torch.device, dtype: torch.dtype) -> bool:
-    """On a CPU with native bfloat16, SDPA's flash kernel computes bfloat16 at 100-180 GFLOP/s
-    against ~900 for a bfloat16 matmul (measured on a 2-core AVX-512 BF16 machine); two
-    matmuls and a fused softmax per tile of queries are 2.5-3.5x faster there. In float32
-    the flash kernel is as fast as matmuls, so it stays."""
-    return device.type == "cpu" and dtype == torch.bfloat16 and native_low_precision(dtype)
-
-
-def matmul_attention(q, k, v, mask: torch.Tensor | None = None, scale: float | None = None,
-                     with_lse: bool = False):
+def matmul_attention(q, k, v, routes: Routes, mask: torch.Tensor | None = None,
+                     scale: float | None = None, with_lse: bool = False):
     """Softmax attention by two matmuls per tile of query rows. q [..., R, D], k/v [..., Lk, D]
     (same leading dims), ``mask`` additive and broadcastable to [..., R, Lk]. Scores are in
     q's dtype and the softmax accumulates in float32, as HF's eager attention does. Returns
@@ -315,7 +321,7 @@ def matmul_attention(q, k, v, mask: torch.Tensor | None = None, scale: float | N
     q = q if scale == 1.0 else q * scale  # the shared decode part passes queries scaled already
     keys_t = k.transpose(-1, -2)
     rows, num_keys = q.shape[-2], k.shape[-2]
-    tile = max(MIN_TILE_ROWS, TILE_SCORES // max(1, q[..., 0, 0].numel() * num_keys))
+    tile = max(routes.min_tile_rows, routes.tile_scores // max(1, q[..., 0, 0].numel() * num_keys))
     out = q.new_empty(q.shape[:-1] + v.shape[-1:])
     lse = q.new_empty(q.shape[:-1], dtype=torch.float32) if with_lse else None
     for r0 in range(0, rows, tile):
@@ -340,13 +346,14 @@ def _attend_with_lse(scores: torch.Tensor, v: torch.Tensor):
     return out, peak.add_(total.log_()).squeeze(-1)
 
 
-def causal_matmul_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def causal_matmul_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                            routes: Routes) -> torch.Tensor:
     """Causal matmul_attention of one prompt from position 0, tiles of query positions reading
     only the keys up to the tile's last position. q [KVH, g, L, D], k/v [KVH, L, D] ->
     [KVH, g, L, D]."""
     heads, group, length, dim = q.shape
     q = q * dim ** -0.5
-    tile = max(1, MIN_TILE_ROWS // group, TILE_SCORES // (heads * group * length))
+    tile = max(1, routes.min_tile_rows // group, routes.tile_scores // (heads * group * length))
     out = torch.empty_like(q)
     for p0 in range(0, length, tile):
         p1 = min(length, p0 + tile)
@@ -359,14 +366,15 @@ def causal_matmul_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -
     return out
 
 
-def masked_attention(q, k, v, mask: torch.Tensor) -> torch.Tensor:
+def masked_attention(q, k, v, mask: torch.Tensor, routes: Routes) -> torch.Tensor:
     """SDPA with an additive mask, by the faster route for q's dtype and device."""
-    if matmul_attention_faster(q.device, q.dtype):
-        return matmul_attention(q, k, v, mask)
+    if routes.matmul_attention:
+        return matmul_attention(q, k, v, routes, mask)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
-def attention_with_lse(q, k, v, mask: torch.Tensor | None = None, scale: float | None = None):
+def attention_with_lse(q, k, v, routes: Routes, mask: torch.Tensor | None = None,
+                       scale: float | None = None):
     """Softmax attention and each query row's log-sum-exp of scores, so that attention over
     disjoint key sets can be merged exactly. q [B, H, Lq, D], k/v [B, H, Lk, D] (same H),
     ``mask`` additive and broadcastable to [B, H, Lq, Lk]. Returns (out, float32 lse [B, H, Lq]).
@@ -374,9 +382,9 @@ def attention_with_lse(q, k, v, mask: torch.Tensor | None = None, scale: float |
     On CPU this is matmul_attention in bfloat16 where that is faster, else the flash kernel
     SDPA itself runs (its log-sum-exp output is not exposed by the public API); elsewhere
     plain math."""
-    if matmul_attention_faster(q.device, q.dtype):
-        return matmul_attention(q, k, v, mask, scale, with_lse=True)
-    if flash_with_lse(q.device, q.dtype):
+    if routes.matmul_attention:
+        return matmul_attention(q, k, v, routes, mask, scale, with_lse=True)
+    if routes.flash_lse:
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, False, attn_mask=mask, scale=scale)
     scores = torch.matmul(q, k.transpose(-1, -2)).float() * (scale or q.shape[-1] ** -0.5)
@@ -414,14 +422,8 @@ class PagedDecode:
     chunks: dict        # window (None = full attention) -> the visible keys (DecodeChunks | DecodeSlots)
 
     def attend(self, q, k, v, cache: LayerKV, window: int | None, out: torch.Tensor) -> None:
-        keys = self.chunks[window]
         qd = decode_queries(q, self.rows, cache.k.shape[0])
-        part, owner = decode_partials(qd, cache, keys)
-        if isinstance(keys, DecodeSlots):  # one partial per sequence: nothing to merge
-            res = part[0].div_(part[2])
-        else:
-            res = merge_partials([part], [owner], keys.num_seqs)
-        write_decode(out, self.rows, res)
+        write_decode(out, self.rows, self.chunks[window].attend(qd, cache))
 
 
 @dataclass
@@ -446,17 +448,16 @@ def shared_prefix_decode(q, cache: LayerKV, window: int | None, part: SharedPref
     own chunks as others, one merge (exact softmax). A sliding window sees a different part of
     the prefix per sequence, so windowed layers take the plain chunked path."""
     if window is not None:
-        windowed, owner = decode_partials(q, cache, part.windowed[window])
-        return merge_partials([windowed], [owner], part.batch)
+        return part.windowed[window].attend(q, cache)
     ks, vs = cache.read_blocks(part.shared_blocks, "shared")
     heads, group, dim = q.shape[1], q.shape[2], q.shape[3]
     rows = q.transpose(0, 1).reshape(1, heads, part.batch * group, dim)
-    out, lse = attention_with_lse(rows, ks[None], vs[None], scale=1.0)  # q is already scaled
+    out, lse = attention_with_lse(rows, ks[None], vs[None], cache.routes, scale=1.0)  # q is scaled
     # A normalised partial is (out, peak=lse, total=1) in merge_partials' terms.
     shared = (out.view(heads, part.batch, group, dim).float(),
               lse.view(heads, part.batch, group, 1), lse.new_ones(heads, part.batch, group, 1))
     everyone = torch.arange(part.batch, device=q.device)
-    own, owner = decode_partials(q, cache, part.own)
+    own, owner = part.own.partials(q, cache)
     return merge_partials([shared, own], [everyone, owner], part.batch)
 
 
@@ -477,7 +478,8 @@ class PagedPrefill:
 
     def attend(self, q, k, v, cache: LayerKV, window: int | None, out: torch.Tensor) -> None:
         kc, vc = self.keys(cache)
-        self.scatter(out, masked_attention(self.queries(q, cache), kc, vc, self.masks[window]))
+        self.scatter(out, masked_attention(self.queries(q, cache), kc, vc, self.masks[window],
+                                           cache.routes))
 
     def queries(self, q: torch.Tensor, cache: LayerKV) -> torch.Tensor:
         """The padded queries grouped by KV head, [B, KVH, Lq * g, D]."""
@@ -516,11 +518,11 @@ class SharedPrefixPrefill:
         own = self.own
         qs = own.queries(q, cache)
         kc, vc = own.keys(cache)
-        own_out, own_lse = attention_with_lse(qs, kc, vc, mask=own.masks[None])  # full attention
+        own_out, own_lse = attention_with_lse(qs, kc, vc, cache.routes, mask=own.masks[None])
         batch, kv_heads, rows, dim = qs.shape
         ks, vs = cache.read_blocks(self.shared_blocks, "shared")
         everyone = qs.transpose(0, 1).reshape(1, kv_heads, batch * rows, dim)
-        shared_out, shared_lse = attention_with_lse(everyone, ks[None], vs[None])
+        shared_out, shared_lse = attention_with_lse(everyone, ks[None], vs[None], cache.routes)
         shared_out = shared_out.view(kv_heads, batch, rows, dim).transpose(0, 1)
         shared_lse = shared_lse.view(kv_heads, batch, rows).transpose(0, 1)
         own.scatter(out, merge_two(own_out, own_lse, shared_out, shared_lse))
@@ -529,33 +531,39 @@ class SharedPrefixPrefill:
 # ----------------------------------------------------------------------------- the planner
 
 class FastAttention:
-    """Plans each step's attention kinds for one model (its sliding windows, query heads per
-    KV head, dtype and device); the plans share one set of scratch buffers."""
+    """The attention backend (model.py's protocol) for one model: its sliding windows, query
+    heads per KV head, dtype, device and ``routes``; the plans share one set of scratch buffers."""
 
     def __init__(self, windows: set, queries_per_kv: int, dtype: torch.dtype,
-                 device: torch.device) -> None:
+                 device: torch.device, routes: Routes | None = None) -> None:
         self.windows, self.queries_per_kv = windows, queries_per_kv
         self.dtype, self.device = dtype, device
+        self.routes = routes or Routes.probe(device, dtype)
         self.scratch = Scratch()
 
     def plan(self, chunks: list[SeqChunk], block_size: int) -> FastPlan:
+        positions, slots, _ = token_slots(chunks, block_size)
         batch = PackedBatch.build(chunks, block_size, self.windows, self.queries_per_kv,
-                                  self.dtype, self.device)
-        return FastPlan(_attention_parts(batch), block_size, self.scratch)
+                                  self.dtype, self.device, self.routes)
+        return FastPlan(batch.tensor(positions), batch.tensor(slots), _attention_parts(batch),
+                        block_size, self.scratch, self.routes)
 
 
 @dataclass
 class FastPlan:
     """One step's attention kinds; every layer runs them on its own pool."""
 
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
     parts: list  # CausalPrefill | PagedDecode | SharedPrefixDecode | PagedPrefill | SharedPrefixPrefill
     block_size: int
     scratch: Scratch
+    routes: Routes
 
     def attend(self, q, k, v, pool_k, pool_v, window: int | None) -> torch.Tensor:
         """q: [T, H, D]; k, v: this step's [T, KVH, D], already written into the pool
         (pool_k, pool_v: one layer's [KVH, slots, D]). Same result as model.paged_attention."""
-        cache = LayerKV(pool_k, pool_v, self.block_size, self.scratch)
+        cache = LayerKV(pool_k, pool_v, self.block_size, self.scratch, self.routes)
         out = torch.empty_like(q)
         for part in self.parts:
             part.attend(q, k, v, cache, window, out)
@@ -575,15 +583,16 @@ class PackedBatch:
     queries_per_kv: int
     dtype: torch.dtype
     device: torch.device
+    routes: Routes
 
     @classmethod
     def build(cls, chunks: list[SeqChunk], block_size: int, windows: set, queries_per_kv: int,
-              dtype: torch.dtype, device: torch.device) -> PackedBatch:
+              dtype: torch.dtype, device: torch.device, routes: Routes) -> PackedBatch:
         lengths = np.fromiter((c.length for c in chunks), dtype=np.int64, count=len(chunks))
         starts = np.fromiter((c.start for c in chunks), dtype=np.int64, count=len(chunks))
         tables = _pad_block_tables([c.block_table for c in chunks])
         return cls(lengths, starts, np.cumsum(lengths) - lengths, tables, block_size, windows,
-                   queries_per_kv, dtype, device)
+                   queries_per_kv, dtype, device, routes)
 
     def tensor(self, array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
@@ -647,7 +656,7 @@ def _decode_part(batch: PackedBatch, rows: np.ndarray):
 def _decode_keys(batch: PackedBatch, tables: np.ndarray, lo: np.ndarray, hi: np.ndarray):
     """Keys [lo, hi) of each row of ``tables``, as exact slots where a sampled matmul is faster,
     else as equal-length chunks."""
-    if exact_decode_slots(batch.device, batch.dtype):
+    if batch.routes.exact_decode_slots:
         return _decode_slots(batch, tables, lo, hi)
     return _decode_chunks(batch, tables, lo, hi)
 
@@ -701,7 +710,7 @@ def _later_prefill(batch: PackedBatch, rows: np.ndarray):
     attend fully and the flash kernel with log-sum-exp is there (CPU); a PagedPrefill otherwise."""
     num_shared = _num_common_blocks(batch.tables[rows], batch.starts[rows], batch.block_size)
     # Without the flash kernel the unmasked part would hold every score of a long prefix.
-    usable = num_shared > 0 and None in batch.windows and flash_with_lse(batch.device, batch.dtype)
+    usable = num_shared > 0 and None in batch.windows and batch.routes.flash_lse
     if not usable:
         return _paged_prefill(batch, rows, batch.windows)
     windows = batch.windows - {None}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from api.errors import refuse
+from vllm_api.errors import refuse
 
 
 class AsyncLLMEngine:

@@ -1,9 +1,7 @@
-"""Request intake of step14_5: prompts and sampling parameters, checked completely at submission.
-
-A request that passes ``submit`` can never make a step raise: the prompt is tokenized and
-range-checked, the ``SamplingParams`` are copied (a caller mutating its object afterwards
-changes nothing queued) and verified against the vocabulary, ``max_tokens=None`` is resolved
-to what ``max_model_len`` leaves, and ``n > 1`` becomes n child parameter sets.
+"""Request intake in vLLM's terms: prompts in vLLM's forms become token ids, and the
+per-request options vLLM has and this engine lacks are refused by name. What the core checks
+of every request (ids in the vocabulary, the parameters verified, fits the pool) is
+core/submit.py.
 
 Prompts take vLLM's forms: a string, a ``TextPrompt`` / ``TokensPrompt`` dict (``prompt`` or
 ``prompt_token_ids``, optionally ``cache_salt``), or (our extra) a list / array / tensor of ids.
@@ -19,10 +17,11 @@ from typing import Any, TypedDict, Union
 import numpy as np
 import torch
 
-from api.beam import BEAM_SEARCH_REASON, BeamSearchParams
-from api.errors import VLLMValidationError, refuse
-from api.pooling import POOLING_REASON, PoolingParams
-from api.sampling_params import SamplingParams
+from core.sampling_params import SamplingParams
+from core.submit import check_prompt_ids
+from vllm_api.beam import BEAM_SEARCH_REASON, BeamSearchParams
+from vllm_api.errors import refuse
+from vllm_api.pooling import POOLING_REASON, PoolingParams
 
 PROMPT_KEYS = {"prompt", "prompt_token_ids", "cache_salt", "multi_modal_data",
                "mm_processor_kwargs", "multi_modal_uuids"}
@@ -141,68 +140,17 @@ def _check_prompt_dict(prompt: dict) -> None:
 def _as_token_ids(prompt, vocab_size: int) -> np.ndarray:
     if isinstance(prompt, torch.Tensor):
         prompt = prompt.cpu().numpy()
-    try:
-        token_ids = np.asarray(prompt)
-    except (ValueError, TypeError) as exc:
-        raise ValueError(f"a prompt must be a string or a flat list of token ids: {exc}") from None
-    if token_ids.size and (token_ids.ndim != 1 or not np.issubdtype(token_ids.dtype, np.integer)):
-        raise ValueError(f"a prompt must be a string or a flat list of integer token ids, "
-                         f"got an array of shape {token_ids.shape} and dtype {token_ids.dtype}")
-    if token_ids.size == 0:
-        raise ValueError("empty prompt: a request needs at least one token")
-    out_of_range = (token_ids < 0) | (token_ids >= vocab_size)
-    if out_of_range.any():
-        raise ValueError(f"token id {int(token_ids[out_of_range][0])} is out of range "
-                         f"for vocab size {vocab_size}")
-    return token_ids.astype(np.int64)
+    return check_prompt_ids(prompt, vocab_size)
 
 
-@dataclass
-class ParamsContext:
-    """What verifying parameters needs from the engine."""
-    vocab_size: int
-    max_logprobs: int
-    max_model_len: int
-    tokenizer: object | None
-
-
-def prepare_params(params, num_prompt_tokens: int, ctx: ParamsContext) -> SamplingParams:
-    """The engine's own verified copy of ``params`` for a prompt of ``num_prompt_tokens``."""
+def check_params_type(params) -> None:
+    """vLLM's other parameter kinds are refused by name, anything else is a TypeError."""
     if isinstance(params, PoolingParams):
         refuse("pooling", f"PoolingParams given as sampling_params: {POOLING_REASON}")
     if isinstance(params, BeamSearchParams):
         refuse("beam search", f"BeamSearchParams given as sampling_params: {BEAM_SEARCH_REASON}")
     if not isinstance(params, SamplingParams):
         raise TypeError(f"sampling_params must be SamplingParams, got {type(params).__name__}")
-    own = params.clone()
-    own.verify(ctx.vocab_size, ctx.max_logprobs, ctx.tokenizer)
-    if own.max_tokens is None:  # vLLM: up to max_model_len
-        room = ctx.max_model_len - num_prompt_tokens
-        if room < 1:
-            raise ValueError(f"prompt ({num_prompt_tokens} tokens) leaves no room to generate "
-                             f"within max_model_len {ctx.max_model_len}")
-        own.max_tokens = room
-        if own.min_tokens > room:
-            raise ValueError(f"min_tokens ({own.min_tokens}) exceeds the {room} tokens "
-                             f"max_model_len {ctx.max_model_len} leaves after the prompt")
-    return own
-
-
-def child_params(params: SamplingParams) -> list[SamplingParams]:
-    """One parameter set per sequence of an ``n``-sequence request (vLLM's parallel sampling):
-    child i gets seed + i, and only child 0 computes prompt logprobs (they are the request's)."""
-    if params.n == 1:
-        return [params]
-    children = []
-    for index in range(params.n):
-        child = params.clone()
-        child.n = 1
-        if params.seed is not None:
-            child.seed = (params.seed + index) % (1 << 64)
-        if index > 0:
-            child.prompt_logprobs = None
-        children.append(child)
-    return children
 
 
 def reject_unsupported(lora_request=None, priority=None, **others) -> None:

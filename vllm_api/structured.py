@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from api.errors import VLLMValidationError
+from vllm_api.errors import VLLMValidationError
 
 CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 

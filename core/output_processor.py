@@ -10,10 +10,10 @@ from __future__ import annotations
 import time
 import warnings
 
-from api.outputs import TokenTexts
-from api.sampling_params import RequestOutputKind
-from internals.model_runner import StepResult
-from internals.request_state import RequestState, SequenceState
+from core.model_runner import StepResult
+from core.outputs import TokenTexts
+from core.requests import RequestState, SequenceState
+from core.sampling_params import RequestOutputKind
 from scheduler import ScheduledChunk, Scheduler, Sequence
 
 NO_TEXTS = TokenTexts(None)  # decoded_token is None where detokenize=False
@@ -54,8 +54,8 @@ class OutputProcessor:
             state.sink.put(state.output())
         return True
 
-    def request_of(self, seq: Sequence) -> RequestState:
-        return self.seq_states[seq].request
+    def state_of(self, seq: Sequence) -> SequenceState:
+        return self.seq_states[seq]
 
     def _retire(self, state: RequestState) -> None:
         del self.requests[state.request_id]
@@ -89,12 +89,12 @@ class OutputProcessor:
 
     def _append_tokens(self, result: StepResult) -> list[RequestState]:
         touched, now, sample = [], time.perf_counter(), result.sample
-        for row, (seq, token) in enumerate(zip(result.sampled, sample.token_ids)):
+        for row, (seq_state, token) in enumerate(zip(result.sampled, sample.token_ids)):
+            seq = seq_state.seq
             if seq.is_finished:
                 continue  # it failed while its prompt logprobs were stored
             seq.append_token(token)
             self.generation_tokens += 1
-            seq_state = self.seq_states[seq]
             if seq_state.first_token_time is None:
                 seq_state.first_token_time = now
             logprobs = sample.logprobs[row] if sample.logprobs is not None else None
@@ -103,7 +103,7 @@ class OutputProcessor:
         return touched
 
     def _after_token(self, seq_state: SequenceState, token: int, logprobs) -> None:
-        texts = self.token_texts if seq_state.seq.sampling_params.detokenize else NO_TEXTS
+        texts = self.token_texts if seq_state.params.detokenize else NO_TEXTS
         seq_state.record_logprobs(logprobs, texts)
         reason = self._finish_reason(seq_state, token)
         if reason is not None:
@@ -125,7 +125,7 @@ class OutputProcessor:
 
     def _finish_reason(self, seq_state: SequenceState, token: int) -> str | None:
         """vLLM's order: EOS, a stop token id, a stop string, then the length limits."""
-        seq, params = seq_state.seq, seq_state.seq.sampling_params
+        seq, params = seq_state.seq, seq_state.params
         may_stop = seq.num_output_tokens > params.min_tokens
         is_eos = not params.ignore_eos and token in self.eos_token_ids
         stop_token = may_stop and (is_eos or token in params.stop_token_ids)

@@ -1,7 +1,8 @@
 """One forward for a step: pack the scheduled chunks, run the model once, sample.
 
-Logits are computed only where they are needed: each sampled sequence's last position, and
-the prompt positions of requests that asked for prompt logprobs.
+The backend (core/backend.py: the plain path, or the fast layer's) plans the step's attention
+once and runs the forward. Logits are computed only where they are needed: each sampled
+sequence's last position, and the prompt positions of requests that asked for prompt logprobs.
 """
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from block_manager import KVCachePool
+from core.backend import Backend
+from core.requests import RequestState, SequenceState
+from core.sampler import Sampler, SamplerOutput, TokenLogprobs, prompt_logprobs
 from model import SeqChunk
-from internals.request_state import RequestState
-from internals.sampler import Sampler, SamplerOutput, TokenLogprobs, prompt_logprobs
 from scheduler import ScheduledChunk, Sequence
 
 
@@ -20,7 +23,7 @@ from scheduler import ScheduledChunk, Sequence
 class StepResult:
     """What one forward produced: a token for each sequence it completed, and prompt logprobs."""
 
-    sampled: list[Sequence]
+    sampled: list[SequenceState]
     sample: SamplerOutput
     prompt_rows: list[tuple[RequestState, list[TokenLogprobs]]]
 
@@ -67,15 +70,19 @@ def _prompt_positions(state: RequestState, seq: Sequence, start: int, end: int) 
 class ModelRunner:
     """Runs the model on the KV pool and samples; changes no sequence (the engine commits)."""
 
-    def __init__(self, model, kv_cache, block_size: int, sampler: Sampler,
-                 device: torch.device) -> None:
-        self.model, self.kv_cache, self.block_size = model, kv_cache, block_size
-        self.sampler, self.device = sampler, device
+    def __init__(self, backend: Backend, kv_cache: KVCachePool, sampler: Sampler) -> None:
+        self.backend, self.kv_cache, self.sampler = backend, kv_cache, sampler
+        self.model, self.device = backend.model, backend.model.device
 
-    def run(self, chunks: list[ScheduledChunk], request_of) -> StepResult:
-        plan = LogitsPlan.build(chunks, request_of)
+    @property
+    def block_size(self) -> int:
+        return self.kv_cache.block_size
+
+    def run(self, chunks: list[ScheduledChunk], state_of) -> StepResult:
+        """``state_of(seq)``: the engine's ``SequenceState`` of a scheduled sequence."""
+        plan = LogitsPlan.build(chunks, lambda seq: state_of(seq).request)
         logits = self._forward(chunks, plan.logits_index)
-        sampled = [c.seq for c in chunks if c.completes_sequence]
+        sampled = [state_of(c.seq) for c in chunks if c.completes_sequence]
         sample = self.sampler(logits if plan.samples_every_row else logits[plan.sample_rows],
                               sampled)
         return StepResult(sampled, sample, self._prompt_logprobs(logits, plan))
@@ -85,9 +92,10 @@ class ModelRunner:
                       for c in chunks]
         input_ids = np.concatenate([c.seq.tokens[s.start:s.start + s.length]
                                     for c, s in zip(chunks, seq_chunks)])
-        meta = self.model.prepare(seq_chunks, self.block_size)
-        return self.model(torch.from_numpy(input_ids).to(self.device), meta, self.kv_cache,
-                          torch.tensor(logits_index, dtype=torch.long, device=self.device))
+        self.backend.before_step()
+        plan = self.backend.plan(seq_chunks, self.block_size)
+        return self.backend.forward(torch.from_numpy(input_ids).to(self.device), plan, self.kv_cache,
+                                    torch.tensor(logits_index, dtype=torch.long, device=self.device))
 
     @staticmethod
     def _prompt_logprobs(logits: torch.Tensor, plan: LogitsPlan) -> list:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from api.errors import VLLMValidationError
+from vllm_api.errors import VLLMValidationError
 
 BEAM_SEARCH_REASON = ("the engine samples one continuation per sequence and keeps no beams; "
                       "use SamplingParams(n=..., temperature=...) for several candidates")

@@ -1,4 +1,4 @@
-"""How many KV blocks the pool gets, how long a request may be, and whether one fits at all.
+"""How many KV blocks the pool gets and how long a request may be, from the engine's config.
 
 Sizing happens once, at start-up: an explicit ``num_kv_blocks``, or a memory budget
 (``kv_cache_memory`` bytes; else a fraction of free device memory on CUDA or of available RAM
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from api.config import EngineConfig
 from block_manager import KVCachePool
+from vllm_api.config import EngineConfig
 
 
 def resolve_max_model_len(wanted: int | None, limit: int) -> int:
@@ -37,19 +37,6 @@ def num_kv_blocks(config: EngineConfig, model_config, dtype: torch.dtype, device
                          f"{model_config.num_layers} layers ({per_block} bytes)")
     useful = config.max_num_seqs * -(-max_model_len // config.block_size)
     return min(blocks, useful)
-
-
-def check_fits(num_prompt_tokens: int, max_tokens: int, max_model_len: int, block_size: int,
-               num_blocks: int) -> None:
-    """Raise if a request could never run: longer than the model allows, or than the pool."""
-    total = num_prompt_tokens + max_tokens
-    if total > max_model_len:
-        raise ValueError(f"prompt ({num_prompt_tokens} tokens) + max_tokens ({max_tokens}) "
-                         f"= {total} exceeds max_model_len {max_model_len}")
-    needed = -(-(total - 1) // block_size)  # the last generated token needs no K/V slot
-    if needed > num_blocks:
-        raise ValueError(f"request needs {needed} KV blocks (prompt + max_tokens = {total} "
-                         f"tokens) but the whole pool has {num_blocks}; raise num_kv_blocks")
 
 
 def _default_budget(config: EngineConfig, device: torch.device) -> float:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import MISSING, dataclass, field, fields
 
-from api.checkpoint_files import check_generation_config_dir, check_tokenizer_dir, read_template
+from vllm_api.checkpoint_files import check_generation_config_dir, check_tokenizer_dir, read_template
 from prefix_cache import HASH_STRATEGIES
 
 # What logprobs are of (vLLM's logprobs_mode): the raw model output, or what sampling drew

@@ -1,4 +1,4 @@
-"""Linear layers run from oneDNN-packed weights: a fast path of model.py a reader can skip.
+"""Linear layers run from oneDNN-packed weights: the fast layer's linears.
 
 On CPU, oneDNN's kernels on a weight reordered once into their blocked layout beat MKL's
 sgemm in float32, and the unpacked matmul in bfloat16 where the CPU computes it natively
@@ -8,12 +8,14 @@ missing or wrong, nothing is packed and the model keeps its plain ``nn.Linear`` 
 packed copy costs a second copy of the weights in RAM: the dense one stays the parameter, so
 weight names and loading are unchanged.
 
-``pack_linears(model)`` swaps every ``nn.Linear`` for a ``PackedLinear`` and every SiLU MLP for
-a ``PackedSiluMLP``, whose gate and up GEMMs apply SiLU and the product in their epilogues
-(no extra passes over the [tokens, 2 x intermediate] activations).
+``packed_copy(model)`` builds a second module tree over the same parameters in which every
+``nn.Linear`` is a ``PackedLinear`` and every SiLU MLP a ``PackedSiluMLP`` (whose gate and up
+GEMMs apply SiLU and the product in their epilogues: no extra passes over the
+[tokens, 2 x intermediate] activations). The model itself is left exactly as model.py built it.
 """
 from __future__ import annotations
 
+import copy
 import functools
 
 import torch
@@ -84,13 +86,14 @@ class PackedSiluMLP(nn.Module):
         return self.down_proj(both)
 
 
-def pack_linears(module: nn.Module) -> None:
-    """Swap, in place under ``module``, each SiLU MLP (an ``hidden_act`` and a ``gate_up_proj``)
-    for PackedSiluMLP and every other nn.Linear for PackedLinear."""
-    for name, child in list(module.named_children()):
-        if getattr(child, "hidden_act", None) == "silu" and hasattr(child, "gate_up_proj"):
-            setattr(module, name, PackedSiluMLP(child))
-        elif isinstance(child, nn.Linear):
-            setattr(module, name, PackedLinear(child))
-        else:
-            pack_linears(child)
+def packed_copy(module: nn.Module) -> nn.Module:
+    """A copy of ``module``'s tree sharing its parameters and buffers, with each SiLU MLP (an
+    ``hidden_act`` and a ``gate_up_proj``) as a PackedSiluMLP and every other nn.Linear as a
+    PackedLinear; ``module`` is unchanged."""
+    if getattr(module, "hidden_act", None) == "silu" and hasattr(module, "gate_up_proj"):
+        return PackedSiluMLP(module)
+    if isinstance(module, nn.Linear):
+        return PackedLinear(module)
+    twin = copy.copy(module)  # shares the parameter and buffer dicts; children are replaced
+    twin._modules = {name: packed_copy(child) for name, child in module._modules.items()}
+    return twin

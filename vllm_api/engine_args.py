@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from pathlib import Path
 
-from api.config import EngineConfig
+from vllm_api.config import EngineConfig
 
 ONE_DEVICE = "this engine runs in one process on one device"
 DEMO_MODEL = str(Path(__file__).resolve().parent.parent / "demo_model")

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 import xxhash
 
-from api.sampling_params import SamplingParams
+from core.sampling_params import SamplingParams
 
 UINT64_MASK = (1 << 64) - 1
 

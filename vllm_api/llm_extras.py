@@ -16,8 +16,8 @@ import os
 import time
 from pathlib import Path
 
-from api.errors import refuse
-from api.metrics import Metric, metrics_from_stats
+from vllm_api.errors import refuse
+from vllm_api.metrics import Metric, metrics_from_stats
 
 PROFILE_DIR_ENV = "VLLM_TORCH_PROFILER_DIR"
 DEFAULT_PROFILE_DIR = "vllm_profile"

@@ -1,75 +1,42 @@
-"""Per-request sampling settings of step14_5: vLLM's ``SamplingParams``, with vLLM's defaults.
+"""A request's sampling settings in step14_5: what the sampler and the output processor read.
 
-Everything that can be checked without the model is checked at construction, and again on
-the engine's private copy at submission (``clone()`` then ``verify()``), so a parameter
-object mutated after ``add_request`` changes nothing queued and nothing that passed
-submission can make a step raise. ``verify`` adds the checks that need the vocabulary
-(logprobs counts, token ids in ``logit_bias``, ``allowed_token_ids``, ``stop_token_ids``)
-and tokenizes ``bad_words``.
+Every field is checked at construction, and again on the engine's own copy at submission
+(``clone()`` then ``verify()``): a parameter object mutated after it was queued changes
+nothing queued, and nothing that passed submission can make a step raise. ``verify`` adds the
+checks that need the vocabulary (logprobs counts, token ids in ``logit_bias``,
+``allowed_token_ids``, ``stop_token_ids``) and tokenizes ``bad_words``.
 
-Errors are ``VLLMValidationError`` (a ``ValueError``) with vLLM's messages where vLLM has
-one ("min_tokens must be greater than or equal to 0, got -1."). vLLM features this engine
-does not serve (``structured_outputs``, ...) are accepted by the constructor and refused
-when the parameters are used (``verify``, at submission), as vLLM checks them there too.
-The class also answers the msgspec-struct introspection scripts use on vLLM's
-(``SamplingParams.__struct_fields__``, ``from_optional``, ``clone``).
+The names, defaults and error messages are vLLM's (the vLLM layer's ``SamplingParams`` adds
+the fields of features this engine does not serve); errors are ``ParameterError``, a
+``ValueError`` that names the parameter.
 """
 from __future__ import annotations
 
 import copy
-import dataclasses
 import enum
 import math
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
-
-from api.errors import VLLMValidationError, refuse
 
 GREEDY_TEMPERATURE = 1e-5   # below this, sampling is greedy (vLLM's _SAMPLING_EPS)
 MIN_TEMPERATURE = 1e-2      # 0 < temperature < this is raised to it (vLLM: avoids inf/nan)
 DEFAULT_MAX_LOGPROBS = 20   # vLLM's engine argument ``max_logprobs`` default
 SEED_RANGE = (-(2 ** 63), 2 ** 64)  # what a 64-bit generator seed can hold (int64 or uint64)
 
-# vLLM fields this engine does not implement: accepted only at their default, else a clear error.
-UNSUPPORTED_FIELDS = {
-    "structured_outputs": "structured outputs (guided decoding) need a grammar backend, "
-                          "which this engine has not",
-    "logprob_token_ids": "logprobs of chosen token ids are not implemented; use logprobs=N",
-    "prompt_logprob_token_ids": "use prompt_logprobs=N",
-    "prompt_logprob_start": "use prompt_logprobs=N",
-    "thinking_token_budget": "reasoning budgets are not implemented",
-    "repetition_detection": "repetition detection is not implemented",
-    "watermarking": "watermarking is not implemented",
-    "flat_logprobs": "logprobs always come as a list of dicts here",
-    "trace_decode_token_ids": "trace replay is not implemented",
-}
 
+class ParameterError(ValueError):
+    """A request value is invalid; ``parameter`` and ``value`` say which."""
 
-# The feature each unsupported field stands for, as its refusal names it.
-UNSUPPORTED_FEATURES = {"structured_outputs": "structured outputs"}
-
-
-class SamplingType(enum.IntEnum):
-    """vLLM's classification of a request's sampling (``SamplingParams.sampling_type``)."""
-    GREEDY = 0
-    RANDOM = 1
-    RANDOM_SEED = 2
-
-
-@dataclass
-class RepetitionDetectionParams:
-    """vLLM's n-gram repetition detection settings: construct; a request carrying them is
-    refused at submission (``repetition_detection`` in UNSUPPORTED_FIELDS)."""
-    max_pattern_size: int = 0
-    min_pattern_size: int = 0
-    min_count: int = 0
+    def __init__(self, message: str, *, parameter: str | None = None, value=None) -> None:
+        super().__init__(message)
+        self.parameter = parameter
+        self.value = value
 
 
 class RequestOutputKind(enum.Enum):
-    """What ``LLMEngine.step`` returns for an unfinished request (``LLM.generate``: final only)."""
+    """What a request's caller gets before it finishes (``LLM.generate``: final only)."""
     CUMULATIVE = 0   # everything so far, every step
     DELTA = 1        # only what is new since the last output
     FINAL_ONLY = 2   # nothing until the request finishes
@@ -77,7 +44,7 @@ class RequestOutputKind(enum.Enum):
 
 @dataclass
 class SamplingParams:
-    """vLLM's sampling parameters; see the module docstring for when they are checked."""
+    """How to sample one request's tokens and when to stop; see the module docstring."""
 
     n: int = 1
     presence_penalty: float = 0.0
@@ -103,58 +70,15 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
-    extra_args: dict[str, Any] | None = None  # carried along; no custom logits processors here
-    skip_clone: bool = False
-    stream_interval: int | None = None
     skip_reading_prefix_cache: bool | None = None
-    structured_outputs: Any = None
-    logprob_token_ids: list[int] | None = None
-    prompt_logprob_token_ids: Any = None
-    prompt_logprob_start: int | None = None
-    thinking_token_budget: int | None = None
-    repetition_detection: Any = None
-    watermarking: bool | None = None
-    flat_logprobs: bool = False
-    trace_decode_token_ids: list[int] | None = None
     bad_words_token_ids: list[list[int]] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._validate()
 
-    # ------------------------------------------------------------------ public API
-
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_TEMPERATURE
-
-    @property
-    def sampling_type(self) -> SamplingType:
-        """vLLM's GREEDY / RANDOM / RANDOM_SEED."""
-        if self.greedy:
-            return SamplingType.GREEDY
-        return SamplingType.RANDOM if self.seed is None else SamplingType.RANDOM_SEED
-
-    @property
-    def all_stop_token_ids(self) -> set[int]:
-        """The request's own stop token ids (the engine adds the model's EOS ids itself)."""
-        return set(self.stop_token_ids or ())
-
-    @property
-    def num_logprobs(self) -> int | None:
-        """Sample logprobs per output token, or None (vLLM's)."""
-        return self.logprobs
-
-    @property
-    def eos_token_id(self) -> int | None:
-        """vLLM sets this from the model at submission; here the engine keeps EOS ids itself."""
-        return None
-
-    @property
-    def output_text_buffer_length(self) -> int:
-        """Characters held back while streaming, so a stop string can still be cut."""
-        if not self.stop or self.include_stop_str_in_output:
-            return 0
-        return max(len(s) for s in self.stop) - 1
 
     @property
     def top_k_or_none(self) -> int | None:
@@ -167,49 +91,35 @@ class SamplingParams:
                 or self.frequency_penalty != 0.0)
 
     @property
-    def skips_prefix_cache_reads(self) -> bool:
+    def reads_prefix_cache(self) -> bool:
         """Prompt logprobs need logits at every prompt position, so such a request computes its
         whole prompt (it still saves its blocks for others); vLLM's skip_reading_prefix_cache."""
-        return bool(self.skip_reading_prefix_cache) or self.prompt_logprobs is not None
+        return not self.skip_reading_prefix_cache and self.prompt_logprobs is None
 
     def clone(self) -> "SamplingParams":
         """A deep copy (what the engine keeps at submission, as vLLM does)."""
         return copy.deepcopy(self)
 
-    @classmethod
-    def from_optional(cls, **kwargs) -> "SamplingParams":
-        """vLLM's ``from_optional``: ``None`` for a field that cannot be None (``n``,
-        ``temperature``, ...) means its default; where None has a meaning (``max_tokens``,
-        ``seed``, ...) it is kept."""
-        unknown = set(kwargs) - set(cls.__struct_fields__)
-        if unknown:
-            raise TypeError(f"unknown SamplingParams field(s): {', '.join(sorted(unknown))}")
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        return cls(**{name: value for name, value in kwargs.items()
-                      if value is not None or "None" in str(fields[name].type)})
-
     def verify(self, vocab_size: int, max_logprobs: int = DEFAULT_MAX_LOGPROBS,
                tokenizer=None) -> None:
         """Re-check every field (the object may have been mutated since construction), then
-        what is checked at use in vLLM too: the features this engine lacks, the
-        vocabulary-bounded values; and tokenize ``bad_words``. Call on a ``clone()``."""
+        the vocabulary-bounded values; and tokenize ``bad_words``. Call on a ``clone()``."""
         self._validate()
-        self._refuse_unsupported()
         limit = vocab_size if max_logprobs == -1 else min(max_logprobs, vocab_size)
         for name in ("logprobs", "prompt_logprobs"):
             _check_logprob_count(name, getattr(self, name), vocab_size, limit, max_logprobs)
         _check_token_ids("stop_token_ids", self.stop_token_ids, vocab_size)
         if self.allowed_token_ids is not None and not self.allowed_token_ids:
-            raise VLLMValidationError("allowed_token_ids is not None and empty! (no token "
-                                      "could ever be sampled)", parameter="allowed_token_ids",
-                                      value=self.allowed_token_ids)
+            raise ParameterError("allowed_token_ids is not None and empty! (no token "
+                                 "could ever be sampled)", parameter="allowed_token_ids",
+                                 value=self.allowed_token_ids)
         _check_token_ids("allowed_token_ids", self.allowed_token_ids, vocab_size)
         _check_token_ids("logit_bias", list(self.logit_bias or {}), vocab_size)
         if tokenizer is None and self.stop:
-            raise VLLMValidationError("stop strings need a tokenizer, but the engine has none "
-                                      "(no tokenizer in the checkpoint, or "
-                                      "skip_tokenizer_init=True); use stop_token_ids",
-                                      parameter="stop", value=self.stop)
+            raise ParameterError("stop strings need a tokenizer, but the engine has none "
+                                 "(no tokenizer in the checkpoint, or "
+                                 "skip_tokenizer_init=True); use stop_token_ids",
+                                 parameter="stop", value=self.stop)
         self.bad_words_token_ids = _tokenize_bad_words(self.bad_words, tokenizer, vocab_size)
 
     # ------------------------------------------------------------------ validation
@@ -242,10 +152,6 @@ class SamplingParams:
                      f"seed must be a 64-bit integer (-2**63 <= seed < 2**64), got {self.seed}")
             if self.seed == -1:  # vLLM: -1 means "no seed"
                 self.seed = None
-        if self.stream_interval is not None:
-            self.stream_interval = _as_int("stream_interval", self.stream_interval)
-            _require(self.stream_interval >= 1, "stream_interval", self.stream_interval,
-                     f"stream_interval must be at least 1, got {self.stream_interval}.")
 
     def _validate_penalties_and_filters(self) -> None:
         for name in ("presence_penalty", "frequency_penalty"):
@@ -305,19 +211,15 @@ class SamplingParams:
                 _require(value >= -1, name, value,
                          f"{name} must be non-negative or -1, got {value}.")
             setattr(self, name, value)
-        for name in ("ignore_eos", "detokenize", "skip_special_tokens", "skip_clone",
+        for name in ("ignore_eos", "detokenize", "skip_special_tokens",
                      "spaces_between_special_tokens", "include_stop_str_in_output"):
             _check_bool(name, getattr(self, name))
         if self.skip_reading_prefix_cache is not None:
             _check_bool("skip_reading_prefix_cache", self.skip_reading_prefix_cache)
         if not isinstance(self.output_kind, RequestOutputKind):
-            raise VLLMValidationError(f"output_kind must be a RequestOutputKind, got "
-                                      f"{self.output_kind!r}", parameter="output_kind",
-                                      value=self.output_kind)
-        if self.extra_args is not None and not isinstance(self.extra_args, dict):
-            raise VLLMValidationError(f"extra_args must be a dict, got "
-                                      f"{type(self.extra_args).__name__}",
-                                      parameter="extra_args", value=self.extra_args)
+            raise ParameterError(f"output_kind must be a RequestOutputKind, got "
+                            f"{self.output_kind!r}", parameter="output_kind",
+                            value=self.output_kind)
 
     def _validate_token_constraints(self) -> None:
         self.logit_bias = _as_logit_bias(self.logit_bias)
@@ -327,24 +229,12 @@ class SamplingParams:
         _require(all(self.bad_words), "bad_words", self.bad_words,
                  f"bad_words cannot contain an empty string. Got bad_words={self.bad_words}")
 
-    def _refuse_unsupported(self) -> None:
-        """The vLLM features this engine does not serve, refused when used (see module doc)."""
-        for name, reason in UNSUPPORTED_FIELDS.items():
-            value = getattr(self, name)
-            if value is not None and value is not False:
-                refuse(UNSUPPORTED_FEATURES.get(name, name), f"{name}={value!r}: {reason}")
-
-
-# Field names in declaration order, as a msgspec struct lists them (scripts filter kwargs by it).
-SamplingParams.__struct_fields__ = tuple(f.name for f in dataclasses.fields(SamplingParams)
-                                         if f.init)
-
 
 # ---------------------------------------------------------------------- field checks
 
 def _require(condition: bool, parameter: str, value, message: str) -> None:
     if not condition:
-        raise VLLMValidationError(message, parameter=parameter, value=value)
+        raise ParameterError(message, parameter=parameter, value=value)
 
 
 def _is_bool(value, expected: bool) -> bool:
@@ -359,16 +249,16 @@ def _check_bool(name: str, value) -> None:
 def _as_int(name: str, value, hint: str | None = None) -> int:
     """``value`` as a Python int; bools, floats and strings are refused."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise VLLMValidationError(f"{name} must be {hint or 'an integer'}, got {value!r} "
-                                  f"({type(value).__name__})", parameter=name, value=value)
+        raise ParameterError(f"{name} must be {hint or 'an integer'}, got {value!r} "
+                             f"({type(value).__name__})", parameter=name, value=value)
     return int(value)
 
 
 def _as_float(name: str, value) -> float:
     """``value`` as a float (range checks are the caller's); nan is refused here."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
-        raise VLLMValidationError(f"{name} must be a number, got {value!r} "
-                                  f"({type(value).__name__})", parameter=name, value=value)
+        raise ParameterError(f"{name} must be a number, got {value!r} "
+                             f"({type(value).__name__})", parameter=name, value=value)
     value = float(value)
     _require(not math.isnan(value), name, value, f"{name} must be a finite number, got nan.")
     return value
@@ -379,8 +269,8 @@ def _as_list(name: str, values, item_type: type) -> list:
     if values is None:
         return []
     if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple, np.ndarray)):
-        raise VLLMValidationError(f"{name} must be a list of {item_type.__name__}, got "
-                                  f"{values!r}", parameter=name, value=values)
+        raise ParameterError(f"{name} must be a list of {item_type.__name__}, got "
+                             f"{values!r}", parameter=name, value=values)
     if item_type is int:
         bad = [v for v in values
                if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer))]
@@ -402,10 +292,10 @@ def _as_logit_bias(bias) -> dict[int, float] | None:
     for key, value in bias.items():
         try:
             token = int(key) if isinstance(key, str) else _as_int("logit_bias key", key)
-        except (ValueError, VLLMValidationError):
-            raise VLLMValidationError(f"logit_bias contains key(s) that cannot be converted to "
-                                      f"integer token IDs: {[key]!r}", parameter="logit_bias",
-                                      value=[key]) from None
+        except (ValueError, ParameterError):
+            raise ParameterError(f"logit_bias contains key(s) that cannot be converted to "
+                                 f"integer token IDs: {[key]!r}", parameter="logit_bias",
+                                 value=[key]) from None
         out[token] = _as_float(f"logit_bias[{token}]", value)
         _require(math.isfinite(out[token]), "logit_bias", bias,
                  f"logit_bias[{token}] must be finite, got {value}")
@@ -439,9 +329,9 @@ def _tokenize_bad_words(words: list[str], tokenizer, vocab_size: int) -> list[li
     if not words:
         return None
     if tokenizer is None:
-        raise VLLMValidationError("bad_words need a tokenizer, but the engine has none (no "
-                                  "tokenizer in the checkpoint, or skip_tokenizer_init=True)",
-                                  parameter="bad_words", value=words)
+        raise ParameterError("bad_words need a tokenizer, but the engine has none (no "
+                             "tokenizer in the checkpoint, or skip_tokenizer_init=True)",
+                             parameter="bad_words", value=words)
     sequences: list[list[int]] = []
     for word in words:
         plain = list(tokenizer.encode(word.lstrip(), add_special_tokens=False))

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -94,6 +95,7 @@ class ThreadPolicy:
     max_threads: int | None = None
     check_every_s: float = 2.0
     first_check_s: float = 0.25  # the first decision comes soon after start-up
+    read: Callable[[set[int]], CpuSample | None] = field(default=read_sample, repr=False)
 
     def __post_init__(self) -> None:
         if hasattr(os, "sched_getaffinity"):
@@ -109,7 +111,7 @@ class ThreadPolicy:
         if self.threads != now:
             set_threads(self.threads)
         self.others = 0.0
-        self._sample = read_sample(self.cores)
+        self._sample = self.read(self.cores)
         self._next_check = time.monotonic() + self.first_check_s
 
     def choose(self, others: float) -> int:
@@ -122,7 +124,7 @@ class ThreadPolicy:
         now = time.monotonic()
         if now < self._next_check or self._sample is None:
             return self.threads
-        sample = read_sample(self.cores)
+        sample = self.read(self.cores)
         if sample is None:
             return self.threads
         self.others = cores_used_by_others(self._sample, sample, len(self.cores))

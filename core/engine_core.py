@@ -1,0 +1,183 @@
+"""The engine of step14_5: ``EngineCore``, the loop, built from its parts.
+
+One step (``EngineCore.step``), read top to bottom:
+
+1. ``scheduler.schedule()``  -- which tokens run: one per decoding sequence, then prefill chunks;
+   admitting a sequence looks its prompt up in the prefix cache (prefix_cache.py, the chapter);
+2. ``model_runner.run()``    -- one forward for all of them on the paged KV pool, then sampling;
+3. ``scheduler.commit()``    -- only now, with forward and sampling done: advance each sequence
+   and register the blocks it filled in the prefix cache (the chapter's ``_do_prefill_step``);
+   then ``output_processor.process()`` appends the tokens, finishes sequences, emits outputs.
+
+Requests and aborts may come from any thread: every change to the engine's state takes one
+lock, so they land between steps, never inside one. ``EngineCore.build`` makes every part
+from plain arguments; the vLLM layer (vllm_api/) builds its ``LLM`` on one.
+"""
+from __future__ import annotations
+
+import threading
+
+from block_manager import BlockManager, KVCachePool
+from core.backend import Backend
+from core.model_runner import ModelRunner
+from core.output_processor import OutputProcessor
+from core.outputs import RequestOutput
+from core.requests import OutputSink, RequestState
+from core.sampler import Sampler
+from core.submit import Limits, Request, make_request
+from model import CausalLM
+from prefix_cache import PrefixCache
+from scheduler import Scheduler, SchedulerConfig
+
+
+class EngineCore:
+    def __init__(self, scheduler: Scheduler, model_runner: ModelRunner,
+                 output_processor: OutputProcessor, limits: Limits) -> None:
+        self.scheduler = scheduler
+        self.model_runner = model_runner
+        self.output_processor = output_processor
+        self.limits = limits
+        self.lock = threading.RLock()  # one step, or one change to the request table, at a time
+        self.stream = OutputSink()     # where outputs go when a request names no sink
+        self.steps = 0
+
+    @classmethod
+    def build(cls, model: CausalLM, num_blocks: int, *, block_size: int = 16,
+              max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
+              enable_prefix_caching: bool = True, hash_strategy: str = "incremental",
+              backend: Backend | None = None, tokenizer=None, eos_token_ids=(),
+              max_model_len: int | None = None, seed: int | None = 0,
+              logprobs_mode: str = "raw_logprobs", max_logprobs: int = 20) -> EngineCore:
+        """Every part, from the model and plain settings (``backend`` None: the plain path)."""
+        cfg, backend = model.config, backend or Backend(model)
+        kv = KVCachePool(cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim,
+                         model.dtype, model.device, zeros=backend.kv_zeros)
+        block_manager = BlockManager(num_blocks, block_size)
+        cache = PrefixCache(block_manager, hash_strategy) if enable_prefix_caching else None
+        scheduler = Scheduler(SchedulerConfig(max_num_seqs, max_num_batched_tokens), block_manager, cache)
+        sampler = Sampler(model.device, seed, sorted(eos_token_ids), logprobs_mode=logprobs_mode)
+        limits = Limits(cfg.vocab_size, max_model_len or cfg.max_position_embeddings, block_size,
+                        num_blocks, max_logprobs)
+        outputs = OutputProcessor(scheduler, tokenizer, set(eos_token_ids), limits.max_model_len)
+        return cls(scheduler, ModelRunner(backend, kv, sampler), outputs, limits)
+
+    @property
+    def block_manager(self) -> BlockManager:
+        return self.scheduler.block_manager
+
+    @property
+    def prefix_cache(self) -> PrefixCache | None:
+        return self.scheduler.prefix_cache
+
+    @property
+    def model(self) -> CausalLM:
+        return self.model_runner.model
+
+    @property
+    def tokenizer(self):
+        return self.output_processor.token_texts.tokenizer
+
+    # ------------------------------------------------------------------ the step
+
+    def step(self) -> list[RequestOutput]:
+        """One step; the outputs of requests that named no sink (per their ``output_kind``)."""
+        with self.lock:
+            self._step()
+            return self.stream.drain()
+
+    def _step(self) -> None:
+        chunks = self.scheduler.schedule()
+        if not chunks:
+            if self.scheduler.has_unfinished:
+                raise RuntimeError("scheduler made no progress although requests are pending")
+            return
+        self.output_processor.note_cached_tokens(chunks)
+        result = self.model_runner.run(chunks, self.output_processor.state_of)
+        # Commit only once the forward and sampling succeeded: a step that raises leaves every
+        # sequence as it was, to be scheduled again.
+        self.scheduler.commit(chunks)
+        self.steps += 1
+        self.output_processor.process(result)
+
+    def run_until_finished(self, sink: OutputSink, num_requests: int) -> None:
+        """Step until ``num_requests`` of ``sink``'s requests have finished. Callers in other
+        threads step too: whoever holds the lock runs one step for every request."""
+        while sink.num_finished < num_requests:
+            with self.lock:
+                if sink.num_finished < num_requests:
+                    self._step()
+
+    # ------------------------------------------------------------------ requests
+
+    def add_requests(self, requests: list[Request], sink: OutputSink | None = None) -> list[RequestState]:
+        """Check every request first, then queue them all: one bad request queues nothing.
+        Outputs go to ``sink`` (None: to ``step()``'s caller)."""
+        with self.lock:
+            self._check_ids([r.request_id for r in requests])
+            root_hash = self.prefix_cache.root_hash if self.prefix_cache else (lambda salt: 0)
+            states = [make_request(r, self.limits, self.tokenizer, root_hash, sink or self.stream)
+                      for r in requests]
+            for state in states:
+                self.output_processor.add(state)
+            return states
+
+    def _check_ids(self, ids: list[str]) -> None:
+        for rid in ids:
+            if not isinstance(rid, str):
+                raise TypeError(f"request_id must be a string, got {type(rid).__name__}")
+            if rid in self.output_processor.requests or ids.count(rid) > 1:
+                raise ValueError(f"request id {rid!r} is already in use")
+
+    def abort(self, request_id: str) -> bool:
+        """Cancel a queued or running request (all its sequences), between steps; its blocks
+        return (cached ones stay reusable). False if it is unknown or already finished."""
+        with self.lock:
+            return self.output_processor.abort(str(request_id))
+
+    @property
+    def has_unfinished(self) -> bool:
+        """True while a request runs or waits, or ``step()``'s caller has outputs to collect."""
+        with self.lock:
+            return self.scheduler.has_unfinished or bool(self.stream.outputs)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.output_processor.requests)
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """Forget cached-and-free blocks; True if the cache is now empty (as vLLM's). With
+        ``reset_running_requests``, running sequences are preempted first (they recompute)."""
+        with self.lock:
+            if self.prefix_cache is None:
+                return True
+            if reset_running_requests:
+                for seq in list(reversed(self.scheduler.running)):
+                    self.scheduler.preempt(seq)
+            return self.prefix_cache.reset()
+
+    def shutdown(self) -> None:
+        """Abort every request still in the engine."""
+        with self.lock:
+            for request_id in list(self.output_processor.requests):
+                self.abort(request_id)
+
+    def stats(self) -> dict:
+        """Cumulative counters over this engine's life (prefix-cache figures in tokens)."""
+        with self.lock:
+            sched, bm, pc = self.scheduler.stats, self.block_manager, self.prefix_cache
+            return dict(
+                generation_tokens=self.output_processor.generation_tokens,
+                steps=self.steps,
+                hash_computations=pc.hash_computations if pc else 0,
+                prompt_tokens_computed=sched.prompt_tokens_computed,
+                prompt_tokens_cached=sched.prompt_tokens_cached,
+                prefix_cache_queries=sched.prefix_cache_queries,
+                prefix_cache_hits=sched.prefix_cache_hits,
+                prefix_cache_hit_rate=sched.prefix_cache_hits / max(sched.prefix_cache_queries, 1),
+                preemptions=sched.preemptions,
+                evictions=pc.num_evictions if pc else 0,
+                num_blocks=bm.num_blocks,
+                blocks_in_use=bm.num_blocks_in_use,
+                blocks_cached=pc.num_cached_blocks if pc else 0,
+                free_blocks=bm.num_free_blocks,
+            )

@@ -1,0 +1,56 @@
+"""The fast layer's backend: the core's ``Backend`` seam with faster machinery behind it.
+
+* attention: the kinds of fast/attention.py, planned once per step (``FastAttention``);
+* linears: a packed copy of the model's tree (fast/linear.py) where oneDNN computes the
+  dtype natively on this CPU; the model itself stays model.py's;
+* the KV pool on huge pages (fast/cpu_memory.py);
+* before each step, the CPU tuning's thread check (fast/tuning.py), when an entry point gave one.
+
+Every part is tested equal to the plain path (tests/test_plain_path.py, test_attention_kinds.py).
+"""
+from __future__ import annotations
+
+import torch
+
+from core.backend import Backend
+from fast.attention import FastAttention, FastPlan, Routes
+from fast.cpu_memory import zeros_on_huge_pages
+from fast.linear import onednn_linears_usable, packed_copy
+from fast.tuning import CpuTuning
+from model import CausalLM, SeqChunk
+
+
+class FastBackend(Backend):
+    name = "fast"
+
+    def __init__(self, model: CausalLM, tuning: CpuTuning | None = None,
+                 routes: Routes | None = None, pack_linears: bool | None = None) -> None:
+        super().__init__(model)
+        cfg = model.config
+        self.attention = FastAttention(set(cfg.layer_windows), cfg.num_heads // cfg.num_kv_heads,
+                                       model.dtype, model.device, routes)
+        if pack_linears is None:
+            pack_linears = onednn_linears_usable(model.device, model.dtype)
+        self.runs = packed_copy(model) if pack_linears else model
+        self.tuning = tuning
+
+    def plan(self, chunks: list[SeqChunk], block_size: int) -> FastPlan:
+        return self.attention.plan(chunks, block_size)
+
+    def forward(self, input_ids: torch.Tensor, plan: FastPlan, kv,
+                logits_index: torch.Tensor) -> torch.Tensor:
+        return self.runs(input_ids, plan, kv, logits_index)
+
+    def kv_zeros(self, shape: tuple[int, ...], *, dtype: torch.dtype,
+                 device: torch.device) -> torch.Tensor:
+        return zeros_on_huge_pages(shape, dtype, device)
+
+    def before_step(self) -> None:
+        if self.tuning is not None:
+            self.tuning.maybe_update()
+
+    def describe(self) -> str:
+        parts = ["fast attention", "packed linears" if self.runs is not self.model else "plain linears"]
+        if self.tuning is not None:
+            parts.append(self.tuning.describe())
+        return f"{self.name} ({', '.join(parts)})"

@@ -1,0 +1,158 @@
+"""vLLM's offline API on the core: ``LLM(model_dir).generate(prompts)``, ``chat``, and the
+request loop (``add_request`` / ``step``), a thin layer on ``self.llm_engine``.
+
+The learner's handles: ``llm.prefix_cache`` (the chapter), ``llm.scheduler`` and
+``llm.block_manager`` (the pool).
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+
+from core.outputs import RequestOutput
+from core.requests import OutputSink
+from core.sampling_params import RequestOutputKind
+from prefix_cache import PrefixCache
+from vllm_api.beam import BEAM_SEARCH_REASON
+from vllm_api.checkpoint_files import read_template, render_chat
+from vllm_api.errors import refuse
+from vllm_api.intake import reject_unsupported
+from vllm_api.llm_engine import LLMEngine
+from vllm_api.llm_extras import LLMExtras
+from vllm_api.pooling import POOLING_REASON
+from vllm_api.sampling_params import SamplingParams
+
+
+def _engine_attribute(name: str, doc: str) -> property:
+    return property(lambda self: getattr(self.llm_engine, name), doc=doc)
+
+
+class LLM(LLMExtras):
+    """Offline inference on a local Hugging Face checkpoint: ``LLM(model_dir).generate(prompts)``."""
+
+    def __init__(self, model: str | os.PathLike, **engine_args) -> None:
+        self.llm_engine = LLMEngine(model, **engine_args)
+
+    @property
+    def prefix_cache(self) -> PrefixCache | None:
+        """The chapter's PrefixCache (None when prefix caching is off)."""
+        return self.llm_engine.prefix_cache
+
+    scheduler = _engine_attribute("scheduler", "The Scheduler: waiting and running sequences.")
+    block_manager = _engine_attribute("block_manager", "The BlockManager: the pool's blocks.")
+    config = _engine_attribute("config", "The EngineConfig.")
+    model = _engine_attribute("model", "The CausalLM (model.py).")
+    model_config = _engine_attribute("model_config", "The model's ModelConfig.")
+    tokenizer = _engine_attribute("tokenizer", "The Hugging Face tokenizer (None without one).")
+    block_size = _engine_attribute("block_size", "Tokens per KV block.")
+    num_blocks = _engine_attribute("num_blocks", "Blocks in the KV pool.")
+    max_model_len = _engine_attribute("max_model_len", "Longest prompt + output allowed.")
+    dtype = _engine_attribute("dtype", "The model's compute dtype.")
+    model_path = _engine_attribute("model_path", "The checkpoint directory.")
+    device = _engine_attribute("device", "The device the model runs on.")
+
+    # ------------------------------------------------------------------ generate and chat
+
+    def generate(self, prompts, sampling_params=None, use_tqdm: bool = True, *,
+                 lora_request=None, priority=None, **unsupported) -> list[RequestOutput]:
+        """Run prompts (strings, prompt dicts or token-id lists) to completion; outputs in
+        input order. ``sampling_params``: one for all, a list (one per prompt), or None (the
+        checkpoint's defaults, ``get_default_sampling_params()``). Safe to call from several
+        threads at once: the calls share steps."""
+        reject_unsupported(lora_request, priority, **unsupported)
+        prompts = _as_prompt_list(prompts)
+        sink = OutputSink(takes_aborted=True)
+        states = self.llm_engine.add_requests(list(zip(prompts, _params_list(sampling_params, prompts))),
+                                              RequestOutputKind.FINAL_ONLY, sink)
+        try:
+            self._run(sink, len(states), use_tqdm)
+        finally:
+            for state in states:  # on an error, leave nothing of this call behind
+                self.llm_engine.abort(state.request_id)
+        order = {state.request_id: i for i, state in enumerate(states)}
+        return sorted(sink.drain(), key=lambda out: order[out.request_id])
+
+    def _run(self, sink: OutputSink, num_requests: int, use_tqdm: bool) -> None:
+        if not use_tqdm:
+            return self.llm_engine.run_until_finished(sink, num_requests)
+        from tqdm.auto import tqdm
+        with tqdm(total=num_requests, desc="generate", unit="req", dynamic_ncols=True) as bar:
+            while sink.num_finished < num_requests:
+                self.llm_engine.run_until_finished(sink, sink.num_finished + 1)
+                bar.update(sink.num_finished - bar.n)
+
+    def chat(self, messages, sampling_params=None, use_tqdm: bool = True, *, lora_request=None,
+             chat_template: str | None = None, add_generation_prompt: bool = True,
+             continue_final_message: bool = False, tools=None, chat_template_kwargs=None,
+             **unsupported) -> list[RequestOutput]:
+        """vLLM's ``chat``: one conversation (a list of {"role", "content"} dicts) or a list of
+        them, rendered with the tokenizer's chat template (or ``chat_template``), generated."""
+        unsupported.pop("chat_template_content_format", None)  # plain-text contents only
+        reject_unsupported(lora_request, None, **unsupported)
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        template = read_template(chat_template or self.config.chat_template)
+        prompts = [render_chat(self.tokenizer, c, template, add_generation_prompt,
+                               continue_final_message, tools, chat_template_kwargs or {})
+                   for c in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    # ------------------------------------------------------------------ the request loop
+
+    def add_request(self, prompt, sampling_params: SamplingParams | None = None,
+                    request_id: str | None = None) -> str:
+        """Queue one request; returns its id. ``step()`` returns its output once finished."""
+        if request_id is not None and not isinstance(request_id, str):
+            raise TypeError(f"request_id must be a string, got {type(request_id).__name__}")
+        state, = self.llm_engine.add_requests([(prompt, sampling_params)],
+                                              RequestOutputKind.FINAL_ONLY, request_ids=[request_id])
+        return state.request_id
+
+    def step(self) -> list[RequestOutput]:
+        """One engine step; the outputs of ``add_request``'s requests that finished."""
+        return self.llm_engine.step()
+
+    def abort(self, request_id: str) -> bool:
+        return self.llm_engine.abort(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.llm_engine.has_unfinished_requests()
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        return self.llm_engine.reset_prefix_cache(reset_running_requests)
+
+    def stats(self) -> dict:
+        return self.llm_engine.stats()
+
+    def get_tokenizer(self):
+        return self.llm_engine.tokenizer
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        return self.llm_engine.get_default_sampling_params()
+
+    # vLLM answers a call its model cannot serve with ValueError; so does this engine.
+    def beam_search(self, *args, **kwargs):
+        refuse("beam search", BEAM_SEARCH_REASON)
+
+    def encode(self, *args, **kwargs):
+        refuse("pooling (encode / embed / classify / score)", POOLING_REASON)
+
+    embed = classify = score = encode
+
+
+def _params_list(sampling_params, prompts: list) -> list:
+    if isinstance(sampling_params, (list, tuple)):
+        if len(sampling_params) != len(prompts):
+            raise ValueError(f"got {len(sampling_params)} sampling_params for {len(prompts)} prompts")
+        return list(sampling_params)
+    return [sampling_params] * len(prompts)
+
+
+def _as_prompt_list(prompts) -> list:
+    if isinstance(prompts, (str, dict, np.ndarray, torch.Tensor)):
+        return [prompts]
+    prompts = list(prompts)
+    if prompts and all(isinstance(t, (int, np.integer)) for t in prompts):
+        return [prompts]  # one prompt given as a flat list of token ids
+    return prompts

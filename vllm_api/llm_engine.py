@@ -1,0 +1,210 @@
+"""vLLM's ``LLMEngine`` on the core: requests in, ``step()`` by step, outputs out.
+
+It reads vLLM's engine arguments (``EngineConfig``), loads the checkpoint and its side files,
+sizes the KV pool, picks the backend (the fast layer's, or the plain path with
+``fast_paths=False``) and builds one ``EngineCore`` from those parts. Then it only translates:
+vLLM's prompt forms into token ids, vLLM's options into the core's, automatic request ids.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+from pathlib import Path
+
+import torch
+
+from core.backend import Backend
+from core.engine_core import EngineCore
+from core.outputs import RequestOutput
+from core.requests import OutputSink, RequestState
+from core.sampling_params import RequestOutputKind
+from core.submit import Request
+from fast.backend import FastBackend
+from fast.tuning import CpuTuning
+from model import load_model
+from vllm_api.checkpoint_files import eos_token_ids, generation_config, load_tokenizer
+from vllm_api.config import EngineConfig
+from vllm_api.engine_args import translate_engine_args
+from vllm_api.intake import check_params_type, parse_prompt, reject_unsupported
+from vllm_api.kv_sizing import num_kv_blocks, resolve_max_model_len
+from vllm_api.llm_extras import LLMExtras
+from vllm_api.sampling_params import SamplingParams
+
+SAMPLING_DEFAULT_KEYS = ("repetition_penalty", "presence_penalty", "frequency_penalty",
+                         "temperature", "top_k", "top_p", "min_p", "max_new_tokens")
+
+
+class LLMEngine(LLMExtras):
+    """vLLM's ``LLMEngine``: outputs per each request's ``output_kind`` (vLLM's default,
+    CUMULATIVE, is everything so far)."""
+
+    def __init__(self, model: str | os.PathLike, **engine_args) -> None:
+        self.config = EngineConfig(**translate_engine_args(engine_args,
+                                                           EngineConfig.__dataclass_fields__))
+        self.device = torch.device(self.config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.model_path = Path(model)
+        loaded = load_model(model, self.config.dtype, self.device)
+        self.tokenizer = (None if self.config.skip_tokenizer_init
+                          else load_tokenizer(Path(self.config.tokenizer or model)))
+        self.generation_config = generation_config(self.model_path, self.config.generation_config,
+                                                   self.config.override_generation_config)
+        self.eos_token_ids = set(eos_token_ids(self.model_path, loaded.config))
+        self.engine_core = self._build_core(loaded)
+        self._auto_ids = itertools.count()
+
+    def _build_core(self, model) -> EngineCore:
+        cfg = self.config
+        max_model_len = resolve_max_model_len(cfg.max_model_len, model.config.max_position_embeddings)
+        num_blocks = num_kv_blocks(cfg, model.config, model.dtype, self.device, max_model_len)
+        return EngineCore.build(
+            model, num_blocks, block_size=cfg.block_size, max_num_seqs=cfg.max_num_seqs,
+            max_num_batched_tokens=cfg.max_num_batched_tokens,
+            enable_prefix_caching=cfg.enable_prefix_caching, hash_strategy=cfg.hash_strategy,
+            backend=self._backend(model), tokenizer=self.tokenizer,
+            eos_token_ids=self.eos_token_ids, max_model_len=max_model_len, seed=cfg.seed,
+            logprobs_mode=cfg.logprobs_mode, max_logprobs=cfg.max_logprobs)
+
+    def _backend(self, model) -> Backend:
+        """The fast layer's backend and, on CPU, its process tuning; or the plain path."""
+        if not self.config.fast_paths:
+            return Backend(model)
+        tuning = CpuTuning(max_threads=self.config.num_threads) if self.device.type == "cpu" else None
+        if tuning is not None:
+            tuning.apply()
+        return FastBackend(model, tuning)
+
+    # ------------------------------------------------------------------ the core's parts
+
+    @property
+    def scheduler(self):
+        return self.engine_core.scheduler
+
+    @property
+    def block_manager(self):
+        return self.engine_core.block_manager
+
+    @property
+    def prefix_cache(self):
+        return self.engine_core.prefix_cache
+
+    @property
+    def model(self):
+        return self.engine_core.model
+
+    @property
+    def model_config(self):
+        return self.model.config
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.dtype
+
+    @property
+    def block_size(self) -> int:
+        return self.config.block_size
+
+    @property
+    def num_blocks(self) -> int:
+        return self.block_manager.num_blocks
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine_core.limits.max_model_len
+
+    @property
+    def steps(self) -> int:
+        return self.engine_core.steps
+
+    # ------------------------------------------------------------------ the loop
+
+    def step(self) -> list[RequestOutput]:
+        """One step; the outputs of ``add_request``'s requests (per their ``output_kind``),
+        including any produced while a ``generate()`` call was stepping."""
+        return self.engine_core.step()
+
+    def run_until_finished(self, sink: OutputSink, num_requests: int) -> None:
+        self.engine_core.run_until_finished(sink, num_requests)
+
+    # ------------------------------------------------------------------ requests
+
+    def add_request(self, request_id: str | None, prompt, params: SamplingParams | None = None,
+                    arrival_time=None, lora_request=None, priority: int = 0,
+                    **unsupported) -> str:
+        """Queue one request (applied between steps); its outputs come from ``step()``."""
+        reject_unsupported(lora_request, priority, **unsupported)
+        if request_id is not None and not isinstance(request_id, str):
+            raise TypeError(f"request_id must be a string, got {type(request_id).__name__}")
+        state, = self.add_requests([(prompt, params)], request_ids=[request_id])
+        return state.request_id
+
+    def add_requests(self, requests: list, output_kind: RequestOutputKind | None = None,
+                     sink: OutputSink | None = None, request_ids=None) -> list[RequestState]:
+        """Check every (prompt, params) first, then queue them all: one bad request queues
+        nothing. ``output_kind`` None: each request's own; ``sink`` None: ``step()``'s caller."""
+        parsed = [self._parse(prompt, params) for prompt, params in requests]
+        with self.engine_core.lock:
+            ids = self._claim_ids(request_ids or [None] * len(requests))
+            return self.engine_core.add_requests(
+                [Request(rid, p.token_ids, params, p.text, p.cache_salt, output_kind)
+                 for rid, (p, params) in zip(ids, parsed)], sink)
+
+    def _parse(self, prompt, params):
+        params = params if params is not None else self.get_default_sampling_params()
+        check_params_type(params)
+        return parse_prompt(prompt, self.tokenizer, self.model_config.vocab_size), params
+
+    def _claim_ids(self, wanted: list[str | None]) -> list[str]:
+        """Automatic ids skip every id in use or asked for (ids name requests only: a child
+        sequence's "{i}_{id}" label never collides with anything)."""
+        taken = set(self.engine_core.output_processor.requests) | {r for r in wanted if r is not None}
+        ids = []
+        for rid in wanted:
+            if rid is None:
+                rid = self._free_auto_id(taken)
+                taken.add(rid)
+            ids.append(rid)
+        return ids
+
+    def _free_auto_id(self, taken: set[str]) -> str:
+        rid = str(next(self._auto_ids))
+        while rid in taken:
+            rid = str(next(self._auto_ids))
+        return rid
+
+    def abort_request(self, request_ids) -> None:
+        for request_id in [request_ids] if isinstance(request_ids, str) else request_ids:
+            self.abort(request_id)
+
+    def abort(self, request_id: str) -> bool:
+        return self.engine_core.abort(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        """True while a request runs or waits, or its output has not been returned yet."""
+        return self.engine_core.has_unfinished
+
+    def get_num_unfinished_requests(self) -> int:
+        return self.engine_core.num_unfinished
+
+    # ------------------------------------------------------------------ vLLM's accessors
+
+    def get_tokenizer(self):
+        return self.tokenizer
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """The checkpoint's sampling defaults (generation_config.json: temperature, top_p,
+        top_k, min_p, penalties, max_new_tokens -> max_tokens), as vLLM reads them."""
+        found = {k: self.generation_config[k] for k in SAMPLING_DEFAULT_KEYS
+                 if self.generation_config.get(k) is not None}
+        if "max_new_tokens" in found:
+            found["max_tokens"] = found.pop("max_new_tokens")
+        return SamplingParams(**found)
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        return self.engine_core.reset_prefix_cache(reset_running_requests)
+
+    def shutdown(self) -> None:
+        """Abort every request still in the engine (vLLM's tests call it in clean-up)."""
+        self.engine_core.shutdown()
+
+    def stats(self) -> dict:
+        return self.engine_core.stats()

@@ -1,0 +1,141 @@
+"""vLLM's ``SamplingParams``: the core's (core/sampling_params.py) plus the fields of vLLM
+features this engine does not serve, and the msgspec-struct introspection scripts use.
+
+Those fields construct at any value and are refused when the parameters are used (``verify``,
+at submission), as vLLM checks them there too, with a message that names the feature.
+``extra_args``, ``skip_clone`` and ``stream_interval`` are carried and change nothing.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from core.sampling_params import DEFAULT_MAX_LOGPROBS, ParameterError, RequestOutputKind
+from core.sampling_params import SamplingParams as CoreSamplingParams
+from core.sampling_params import _as_int, _check_bool, _require
+from vllm_api.errors import refuse
+
+__all__ = ["SamplingParams", "SamplingType", "RequestOutputKind", "RepetitionDetectionParams"]
+
+# vLLM fields this engine does not implement: accepted only at their default, else a clear error.
+UNSUPPORTED_FIELDS = {
+    "structured_outputs": "structured outputs (guided decoding) need a grammar backend, "
+                          "which this engine has not",
+    "logprob_token_ids": "logprobs of chosen token ids are not implemented; use logprobs=N",
+    "prompt_logprob_token_ids": "use prompt_logprobs=N",
+    "prompt_logprob_start": "use prompt_logprobs=N",
+    "thinking_token_budget": "reasoning budgets are not implemented",
+    "repetition_detection": "repetition detection is not implemented",
+    "watermarking": "watermarking is not implemented",
+    "flat_logprobs": "logprobs always come as a list of dicts here",
+    "trace_decode_token_ids": "trace replay is not implemented",
+}
+# The feature each unsupported field stands for, as its refusal names it.
+UNSUPPORTED_FEATURES = {"structured_outputs": "structured outputs"}
+
+
+class SamplingType(enum.IntEnum):
+    """vLLM's classification of a request's sampling (``SamplingParams.sampling_type``)."""
+    GREEDY = 0
+    RANDOM = 1
+    RANDOM_SEED = 2
+
+
+@dataclass
+class RepetitionDetectionParams:
+    """vLLM's n-gram repetition detection settings: construct; a request carrying them is
+    refused at submission (``repetition_detection`` in UNSUPPORTED_FIELDS)."""
+    max_pattern_size: int = 0
+    min_pattern_size: int = 0
+    min_count: int = 0
+
+
+@dataclass
+class SamplingParams(CoreSamplingParams):
+    """vLLM's sampling parameters; see core/sampling_params.py for when they are checked."""
+
+    extra_args: dict[str, Any] | None = None  # carried along; no custom logits processors here
+    skip_clone: bool = False
+    stream_interval: int | None = None
+    structured_outputs: Any = None
+    logprob_token_ids: list[int] | None = None
+    prompt_logprob_token_ids: Any = None
+    prompt_logprob_start: int | None = None
+    thinking_token_budget: int | None = None
+    repetition_detection: Any = None
+    watermarking: bool | None = None
+    flat_logprobs: bool = False
+    trace_decode_token_ids: list[int] | None = None
+
+    @property
+    def sampling_type(self) -> SamplingType:
+        """vLLM's GREEDY / RANDOM / RANDOM_SEED."""
+        if self.greedy:
+            return SamplingType.GREEDY
+        return SamplingType.RANDOM if self.seed is None else SamplingType.RANDOM_SEED
+
+    @property
+    def all_stop_token_ids(self) -> set[int]:
+        """The request's own stop token ids (the engine adds the model's EOS ids itself)."""
+        return set(self.stop_token_ids or ())
+
+    @property
+    def num_logprobs(self) -> int | None:
+        """Sample logprobs per output token, or None (vLLM's)."""
+        return self.logprobs
+
+    @property
+    def eos_token_id(self) -> int | None:
+        """vLLM sets this from the model at submission; here the engine keeps EOS ids itself."""
+        return None
+
+    @property
+    def output_text_buffer_length(self) -> int:
+        """Characters held back while streaming, so a stop string can still be cut."""
+        if not self.stop or self.include_stop_str_in_output:
+            return 0
+        return max(len(s) for s in self.stop) - 1
+
+    @classmethod
+    def from_optional(cls, **kwargs) -> "SamplingParams":
+        """vLLM's ``from_optional``: ``None`` for a field that cannot be None (``n``,
+        ``temperature``, ...) means its default; where None has a meaning (``max_tokens``,
+        ``seed``, ...) it is kept."""
+        unknown = set(kwargs) - set(cls.__struct_fields__)
+        if unknown:
+            raise TypeError(f"unknown SamplingParams field(s): {', '.join(sorted(unknown))}")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        return cls(**{name: value for name, value in kwargs.items()
+                      if value is not None or "None" in str(fields[name].type)})
+
+    def verify(self, vocab_size: int, max_logprobs: int = DEFAULT_MAX_LOGPROBS,
+               tokenizer=None) -> None:
+        """The core's checks, after refusing the features this engine lacks."""
+        self._validate()
+        self._refuse_unsupported()
+        super().verify(vocab_size, max_logprobs, tokenizer)
+
+    def _validate(self) -> None:
+        super()._validate()
+        _check_bool("skip_clone", self.skip_clone)
+        if self.stream_interval is not None:
+            self.stream_interval = _as_int("stream_interval", self.stream_interval)
+            _require(self.stream_interval >= 1, "stream_interval", self.stream_interval,
+                     f"stream_interval must be at least 1, got {self.stream_interval}.")
+        if self.extra_args is not None and not isinstance(self.extra_args, dict):
+            raise ParameterError(f"extra_args must be a dict, got "
+                                 f"{type(self.extra_args).__name__}",
+                                 parameter="extra_args", value=self.extra_args)
+
+    def _refuse_unsupported(self) -> None:
+        for name, reason in UNSUPPORTED_FIELDS.items():
+            value = getattr(self, name)
+            if value is not None and value is not False:
+                refuse(UNSUPPORTED_FEATURES.get(name, name), f"{name}={value!r}: {reason}")
+
+
+# Field names in declaration order, as a msgspec struct lists them (scripts filter kwargs by it).
+SamplingParams.__struct_fields__ = tuple(f.name for f in dataclasses.fields(SamplingParams)
+                                         if f.init)
