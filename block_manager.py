@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Block:
     """One physical KV block plus the identity it carries while cached."""
 

@@ -15,6 +15,18 @@ torch.set_num_threads(1)
 
 import helpers
 
+# The suite runs on every core (pytest-xdist, see pyproject.toml). A module's tests stay on one
+# worker, so a module-scoped fixture (a bench run, a page in a browser) is built once; these
+# modules use session fixtures only and spread their tests over the workers.
+SPREAD_MODULES = {"test_property", "test_hf_parity", "test_attention_kinds", "test_vllm_surface"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = item.module.__name__
+        if module not in SPREAD_MODULES:
+            item.add_marker(pytest.mark.xdist_group(module))
+
 
 @pytest.fixture(scope="session")
 def checkpoints(tmp_path_factory) -> dict[str, str]:

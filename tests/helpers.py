@@ -126,11 +126,22 @@ def random_prompt(length: int, seed: int, vocab: int = VOCAB_SIZE) -> list[int]:
 
 # ----------------------------------------------------------------------------- the engine
 
+# A pool that holds every test workload (8,192 tokens at block size 16) without sizing one
+# for 256 sequences of the checkpoint's whole context, as the engine's default would.
+TEST_POOL_TOKENS = 8192
+
+
 def make_llm(model_dir, **overrides):
-    """Engine with test defaults (cpu, float32, seed 0); ``overrides`` are engine arguments."""
+    """Engine with test defaults (cpu, float32, seed 0, a pool of ``TEST_POOL_TOKENS``);
+    ``overrides`` are engine arguments."""
     from engine import LLM
 
-    return LLM(str(model_dir), **{**dict(device="cpu", dtype="float32", seed=0), **overrides})
+    defaults = dict(device="cpu", dtype="float32", seed=0)
+    block_size = overrides.get("block_size") or 16
+    sized = {"num_kv_blocks", "kv_cache_memory", "kv_cache_memory_bytes"} & set(overrides)
+    if not sized and isinstance(block_size, int) and block_size > 0:
+        defaults["num_kv_blocks"] = TEST_POOL_TOKENS // block_size
+    return LLM(str(model_dir), **{**defaults, **overrides})
 
 
 def greedy(max_tokens: int, **kw):

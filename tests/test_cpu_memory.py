@@ -1,15 +1,18 @@
-"""internals/cpu_memory.py: the process memory settings on CPU change where bytes live, never
+"""fast/cpu_memory.py: the process memory settings on CPU change where bytes live, never
 a result. Checked: the huge-page buffers are what torch.zeros/empty would give (shape, dtype,
 zeros) and start on a huge-page boundary; the settings take on Linux with glibc; and an
-engine with them and one without (a fresh process each, since they are process-wide) give
-the same greedy tokens."""
+engine in this process, with them set, and one in a fresh process without them (they are
+process-wide) give the same greedy tokens."""
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -52,10 +55,14 @@ print(json.dumps([o.outputs[0].token_ids for o in outs]))
 
 
 def test_tokens_equal_with_and_without_the_settings(llama_dir):
-    def tokens(setting: str):
-        env = dict(os.environ, STEP14_TUNE_CPU_MEMORY=setting, PYTHONPATH=str(ROOT))
-        done = subprocess.run([sys.executable, "-c", GENERATE, llama_dir], env=env,
-                              capture_output=True, text=True, check=True)
-        return json.loads(done.stdout.strip().splitlines()[-1])
-    on, off = tokens("1"), tokens("0")
+    namespace = {"__name__": "generate"}
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout), mock.patch.object(sys, "argv", ["-c", llama_dir]):
+        exec(GENERATE, namespace)  # here, where an engine has set them (fast/tuning.py)
+    assert cpu_memory.keep_freed_memory() is GLIBC
+    env = dict(os.environ, STEP14_TUNE_CPU_MEMORY="0", PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, "-c", GENERATE, llama_dir], env=env,
+                          capture_output=True, text=True, check=True)
+    on = json.loads(stdout.getvalue().strip().splitlines()[-1])
+    off = json.loads(done.stdout.strip().splitlines()[-1])
     assert on == off and len(on) == 2 and all(len(t) == 12 for t in on)
