@@ -12,6 +12,7 @@ legitimately flip under another batch composition); it never loosens beyond that
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import dataclass, field
 
 import torch
@@ -144,6 +145,44 @@ def make_llm(model_dir, **overrides):
     return LLM(str(model_dir), **{**defaults, **overrides})
 
 
+@functools.lru_cache(maxsize=None)
+def shared_backend(model_dir: str, fast_paths: bool = True):
+    """One loaded model per checkpoint, and its backend, shared by every engine core a test
+    builds from parts (a model is never changed by an engine)."""
+    from core.backend import Backend
+    from fast.backend import FastBackend
+    from model import load_model
+
+    model = load_model(model_dir, "float32", torch.device("cpu"))
+    return FastBackend(model) if fast_paths else Backend(model)
+
+
+def make_core(model_dir, fast_paths: bool = True, num_kv_blocks: int | None = None, **settings):
+    """An ``EngineCore`` built from parts around the shared model (``settings``:
+    ``EngineCore.build``'s); cheaper than an ``LLM``, which loads its own."""
+    from core.engine_core import EngineCore
+
+    backend = shared_backend(str(model_dir), fast_paths)
+    blocks = num_kv_blocks or TEST_POOL_TOKENS // settings.get("block_size", 16)
+    return EngineCore.build(backend.model, blocks, backend=backend,
+                            eos_token_ids=backend.model.config.eos_token_ids, **settings)
+
+
+def add(core, prompt, params, request_id: str | None = None, cache_salt: str | None = None) -> str:
+    """Queue one request on an engine core, its output only when it finishes (as
+    ``LLM.add_request``); returns its id (automatic: "c<n>")."""
+    from core.sampling_params import RequestOutputKind
+    from core.submit import Request
+
+    request_id = request_id or f"c{next(_core_ids)}"
+    core.add_requests([Request(request_id, prompt, params, cache_salt=cache_salt,
+                               output_kind=RequestOutputKind.FINAL_ONLY)])
+    return request_id
+
+
+_core_ids = itertools.count()
+
+
 def greedy(max_tokens: int, **kw):
     """Greedy sampling that never stops at EOS: the output length is ``max_tokens``
     unless a stop token is given."""
@@ -159,10 +198,12 @@ def sequence_of(llm, request_id: str):
 
 
 def drain(llm, max_steps: int = 10000) -> dict:
-    """Step until idle, checking the accounting after every step; request id -> output."""
+    """Step until idle, checking the accounting after every step; request id -> output.
+    ``llm``: an ``LLM`` or an ``EngineCore``."""
     outputs = {}
+    busy = (lambda: llm.has_unfinished) if hasattr(llm, "has_unfinished") else llm.has_unfinished_requests
     for _ in range(max_steps):
-        if not llm.has_unfinished_requests():
+        if not busy():
             return outputs
         for out in llm.step():
             assert out.request_id not in outputs, f"request {out.request_id} finished twice"

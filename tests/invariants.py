@@ -280,16 +280,24 @@ class FaultInjector:
         self.skip = 0
         self.fired = 0
         runner = engine_core(llm).model_runner
-        forward, sampler = runner.backend.forward, runner.sampler
+        backend, sampler = runner.backend, runner.sampler
+        injector = self
 
-        def faulty_forward(*args, **kwargs):
-            fire = self._should_fire(("forward_before", "forward_after"))
-            if fire == "forward_before":
-                self._fire()
-            out = forward(*args, **kwargs)  # writes this step's K/V into the pool
-            if fire == "forward_after":
-                self._fire()
-            return out
+        class FaultyBackend:
+            """This runner's backend, with a forward that fires when armed (the backend
+            itself, which other engines may share, is left as it is)."""
+
+            def __getattr__(self, name):
+                return getattr(backend, name)
+
+            def forward(self, *args, **kwargs):
+                fire = injector._should_fire(("forward_before", "forward_after"))
+                if fire == "forward_before":
+                    injector._fire()
+                out = backend.forward(*args, **kwargs)  # writes this step's K/V into the pool
+                if fire == "forward_after":
+                    injector._fire()
+                return out
 
         def faulty_sampler(*args, **kwargs):
             fire = self._should_fire(("sampler",))
@@ -298,7 +306,7 @@ class FaultInjector:
                 self._fire()
             return out
 
-        runner.backend.forward = faulty_forward
+        runner.backend = FaultyBackend()
         runner.sampler = faulty_sampler
 
     def arm(self, kind: str, skip: int = 0) -> None:

@@ -1,8 +1,8 @@
 """Randomized workloads against a reference: nothing lost, nothing wrong, accounting exact.
 
-Each hypothesis example builds one engine (block size 4/8/16, pool from barely enough for the
+Each hypothesis example builds one engine core from parts (around one shared loaded model) (block size 4/8/16, pool from barely enough for the
 largest request to large, token budget from under one block to large, max_num_seqs 1..256,
-prefix caching on/off, both hash strategies) and drives it through ``add_request``/``step``
+prefix caching on/off, both hash strategies) and drives it through ``add_requests``/``step``
 directly: requests arrive between steps (shared prefixes, repeated prompts, lengths of 1 and
 exact block multiples, cache salts, stop tokens), some are aborted at a random step, the
 prefix cache is reset at random steps, and some steps have an exception injected into the
@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from engine import SamplingParams
-from helpers import drain, greedy, make_llm, random_prompt
+from helpers import add, drain, greedy, make_core, make_llm, random_prompt
 from invariants import (FAULT_KINDS, FaultInjector, InjectedFault, assert_idle,
                         assert_nothing_committed, check_accounting, snapshot)
 
@@ -108,13 +108,13 @@ def run_workload(llm, reference, reqs: list[Req], faults: dict[int, str], resets
     outputs: dict[int, object] = {}
     aborted: set[int] = set()
     step = 0
-    while order or llm.has_unfinished_requests():
-        if not llm.has_unfinished_requests() and reqs[order[0]].arrival > step:
+    while order or llm.has_unfinished:
+        if not llm.has_unfinished and reqs[order[0]].arrival > step:
             step = reqs[order[0]].arrival  # idle engine: jump to the next arrival
         while order and reqs[order[0]].arrival <= step:
             i = order.pop(0)
             sp = greedy(reqs[i].max_tokens, stop_token_ids=stop_ids(reference, reqs[i]))
-            rid = llm.add_request({"prompt_token_ids": reqs[i].prompt, "cache_salt": reqs[i].salt}, sp)
+            rid = add(llm, reqs[i].prompt, sp, cache_salt=reqs[i].salt)
             assert rid not in ids
             ids[rid], index_id[i] = i, rid
             check_accounting(llm)
@@ -130,7 +130,7 @@ def run_workload(llm, reference, reqs: list[Req], faults: dict[int, str], resets
         if step in resets:
             llm.reset_prefix_cache()
             check_accounting(llm)
-        if not llm.has_unfinished_requests():
+        if not llm.has_unfinished:
             step += 1
             continue
         kind = faults.get(step)
@@ -168,7 +168,7 @@ def test_random_workloads_match_reference(llama_dir, reference, shard):
     @given(workload=workloads())
     def one_example(workload):
         engine, reqs, faults, resets = workload
-        llm = make_llm(llama_dir, **engine)
+        llm = make_core(llama_dir, **engine)
         outputs, aborted, fired = run_workload(llm, reference, reqs, faults, resets)
         assert_idle(llm)
         for i, r in enumerate(reqs):
