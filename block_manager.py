@@ -12,11 +12,18 @@ The hash -> block map itself is the prefix cache's (prefix_cache.py, the chapter
 free block that still carries a hash is popped for reuse, ``allocate`` hands it to the
 ``evict`` function its caller passes (the scheduler passes ``PrefixCache.evict``, which drops
 the map's entry).
+
+Nothing is lost when something fails: the block manager owns the engine's ``Journal``
+(core/journal.py). Every method here keeps the blocks and the free-queue links it is about to
+change, so when an engine operation raises -- at any line, a ``KeyboardInterrupt`` included --
+its transaction puts every block, ref count and link back as it was.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable
+
+from core.journal import Journal
 
 import torch
 
@@ -69,12 +76,16 @@ class FreeBlockQueue:
     front (they cost nothing to reuse); cached blocks go to the back (most recently used).
     """
 
-    def __init__(self) -> None:
+    _journal_skip = ("journal",)
+
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
         self.head: Block | None = None
         self.tail: Block | None = None
         self.size = 0
 
     def push_back(self, block: Block) -> None:
+        self.journal.keep(self, block, self.tail)
         block.prev, block.next = self.tail, None
         if self.tail is None:
             self.head = block
@@ -84,6 +95,7 @@ class FreeBlockQueue:
         self._mark_added(block)
 
     def push_front(self, block: Block) -> None:
+        self.journal.keep(self, block, self.head)
         block.prev, block.next = None, self.head
         if self.head is None:
             self.tail = block
@@ -93,6 +105,7 @@ class FreeBlockQueue:
         self._mark_added(block)
 
     def remove(self, block: Block) -> None:
+        self.journal.keep(self, block, block.prev, block.next)
         if block.prev is None:
             self.head = block.next
         else:
@@ -148,12 +161,13 @@ class KVCachePool:
 class BlockManager:
     """Allocates, shares and frees blocks; LRU order of free blocks decides what is evicted."""
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, journal: Journal | None = None) -> None:
         if num_blocks < 1:
             raise ValueError(f"the KV pool needs at least one block, got num_blocks={num_blocks}")
         self.block_size = block_size
+        self.journal = journal or Journal()
         self.blocks = [Block(i) for i in range(num_blocks)]
-        self.free_queue = FreeBlockQueue()
+        self.free_queue = FreeBlockQueue(self.journal)
         for block in self.blocks:
             self.free_queue.push_back(block)
 
@@ -181,6 +195,7 @@ class BlockManager:
         """Pop the least recently used free block. If it still carries a cached identity,
         ``evict(block)`` drops it first (the prefix cache's entry goes with it)."""
         block = self.free_queue.pop_front()
+        self.journal.keep(block)
         if block.block_hash is not None:
             evict(block)
         block.ref_count = 1
@@ -189,6 +204,7 @@ class BlockManager:
 
     def share(self, block: Block) -> None:
         """Add a reference to a cached block (taking it out of the free queue if idle)."""
+        self.journal.keep(block)
         if block.in_free_queue:
             self.free_queue.remove(block)
         block.ref_count += 1
@@ -203,6 +219,7 @@ class BlockManager:
             block = self.blocks[block_id]
             if block.ref_count <= 0:
                 raise RuntimeError(f"double free of KV block {block_id}")
+            self.journal.keep(block)
             block.ref_count -= 1
             if block.ref_count == 0:
                 if block.block_hash is None:

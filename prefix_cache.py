@@ -39,6 +39,7 @@ from typing import Callable, Iterator, Mapping
 import xxhash
 
 from block_manager import Block, BlockManager
+from core.journal import JournaledDict
 from scheduler import Sequence
 
 HASH_STRATEGIES = ("incremental", "recompute")
@@ -79,6 +80,11 @@ class PrefixMatch:
 
 
 class PrefixCache:
+    # The maps keep their own entries in the engine's journal (core/journal.py); the rest of
+    # the cache's fields are kept by the public methods below before anything changes.
+    _journal_skip = ("block_manager", "hash_fn", "_prefix_cache", "_in_flight", "_computing",
+                     "_listeners")
+
     def __init__(self, block_manager: BlockManager, hash_strategy: str = "incremental",
                  hash_fn: HashFn = xxhash.xxh3_64_intdigest) -> None:
         if hash_strategy not in HASH_STRATEGIES:
@@ -86,9 +92,10 @@ class PrefixCache:
         self.block_manager = block_manager
         self.hash_strategy = hash_strategy
         self.hash_fn = hash_fn  # swappable: tests plug in a weak hash to force collisions
-        self._prefix_cache: dict[int, Block] = {}      # hash -> cached block
-        self._in_flight: dict[int, Sequence] = {}      # hash -> the running sequence computing it
-        self._computing: dict[Sequence, list[int]] = {}  # sequence -> hashes it marked in flight
+        journal = block_manager.journal
+        self._prefix_cache: dict[int, Block] = JournaledDict(journal)      # hash -> cached block
+        self._in_flight: dict[int, Sequence] = JournaledDict(journal)      # hash -> sequence computing it
+        self._computing: dict[Sequence, list[int]] = JournaledDict(journal)  # sequence -> hashes it marked
         self.hash_computations = 0
         self.num_evictions = 0
         self._listeners: list[Callable[[ChainEvent], None]] = []
@@ -103,10 +110,13 @@ class PrefixCache:
 
     def lookup(self, seq: Sequence) -> PrefixMatch:
         """The longest cached prefix of ``seq`` (vLLM: ``get_computed_blocks``)."""
+        self.block_manager.journal.keep(self, seq)
         return self._lookup_prefix_cache(seq)
 
     def cache_blocks(self, seq: Sequence, start: int, end: int) -> list[tuple[int, Block]]:
         """Register the blocks that tokens [start, end) completed (vLLM: ``cache_blocks``)."""
+        blocks, bs = self.block_manager.blocks, self.block_size
+        self.block_manager.journal.keep(self, seq, *(blocks[b] for b in seq.block_table[start // bs:end // bs]))
         return self._do_prefill_step(seq, start, end)
 
     def root_hash(self, cache_salt: str | None) -> int:
@@ -269,6 +279,7 @@ class PrefixCache:
 
     def evict(self, block: Block) -> None:
         """A free block that still carried a hash is being reused: its entry leaves the map."""
+        self.block_manager.journal.keep(self, block)
         if self._prefix_cache.get(block.block_hash) is block:
             del self._prefix_cache[block.block_hash]
         self._trace("evict", None, None, block.block_hash, block_id=block.block_id)
@@ -280,6 +291,7 @@ class PrefixCache:
         True if nothing cached is in use any more (vLLM's ``reset_prefix_cache`` result)."""
         for h, block in list(self._prefix_cache.items()):
             if block.ref_count == 0:
+                self.block_manager.journal.keep(block)
                 del self._prefix_cache[h]
                 block.forget_identity()
         return not self._prefix_cache

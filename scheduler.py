@@ -24,6 +24,13 @@ admissions), so long prompts are split across steps and share forwards with deco
 Admission takes the cached prefix the prefix cache finds, or waits a step when another
 sequence is computing the block it needs next. When blocks run out it preempts the most
 recently admitted running sequence.
+
+Nothing is lost when something fails: each method keeps (``journal.keep``, core/journal.py)
+the queues, counters and sequences it is about to change, and the engine core runs every
+step and every request change as one transaction. So a step that raises anywhere -- in the
+forward, in a hook such as ``hash_fn``, on a ``KeyboardInterrupt`` between two lines of the
+bookkeeping -- leaves every queue, block table and block exactly as before it, and the same
+step is simply scheduled again.
 """
 from __future__ import annotations
 
@@ -154,10 +161,15 @@ class Scheduler:
         return self.block_manager.block_size
 
     @property
+    def journal(self):
+        return self.block_manager.journal
+
+    @property
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
     def add(self, seq: Sequence) -> None:
+        self.journal.keep(self)
         self.waiting.append(seq)
 
     def schedule(self) -> list[ScheduledChunk]:
@@ -193,6 +205,7 @@ class Scheduler:
         bm = self.block_manager
         while len(seq.block_table) * self.block_size < seq.num_tokens:
             if bm.num_free_blocks > 0:
+                self.journal.keep(seq)
                 seq.block_table.append(self._allocate().block_id)
                 continue
             victim = self.running[-1]
@@ -211,6 +224,7 @@ class Scheduler:
         num_new = -(-seq.num_tokens // self.block_size) - len(cached)
         if not self.block_manager.can_allocate(num_new, cached):
             return False
+        self.journal.keep(self, self.stats, seq)
         for block in cached:
             self.block_manager.share(block)
         new = [self._allocate() for _ in range(num_new)]
@@ -238,6 +252,7 @@ class Scheduler:
         """The step's forward succeeded: advance each sequence and cache the blocks it filled."""
         for chunk in chunks:
             seq, start = chunk.seq, chunk.seq.num_computed_tokens
+            self.journal.keep(self.stats, seq)
             seq.num_computed_tokens = end = start + chunk.num_tokens
             self.stats.prompt_tokens_computed += max(0, min(end, seq.num_prompt_tokens) - start)
             if self.prefix_cache is not None:
@@ -247,12 +262,14 @@ class Scheduler:
     def _switch_to_twin(self, seq: Sequence, index: int, twin: Block) -> None:
         """An identical block was cached first (same prompt computed in the same step): share it
         and free ``seq``'s copy, so later blocks chain from one parent."""
+        self.journal.keep(seq)
         self.block_manager.share(twin)
         self.block_manager.free([seq.block_table[index]])
         seq.block_table[index] = twin.block_id
 
     def preempt(self, seq: Sequence) -> None:
         """Free ``seq``'s blocks (cached ones stay reusable) and queue it first for recompute."""
+        self.journal.keep(self, self.stats, seq)
         self.running.remove(seq)
         self._release(seq)
         seq.status = SequenceStatus.WAITING
@@ -260,12 +277,14 @@ class Scheduler:
         self.stats.preemptions += 1
 
     def finish(self, seq: Sequence, reason: str) -> None:
+        self.journal.keep(self, seq)
         self.running.remove(seq)
         self._release(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
 
     def abort(self, seq: Sequence) -> None:
+        self.journal.keep(self, seq)
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
@@ -275,6 +294,7 @@ class Scheduler:
         seq.finish_reason = "abort"
 
     def _release(self, seq: Sequence) -> None:
+        self.journal.keep(seq)
         self.block_manager.free(seq.block_table)
         if self.prefix_cache is not None:
             self.prefix_cache.release(seq)

@@ -10,8 +10,11 @@ One step (``EngineCore.step``), read top to bottom:
    then ``output_processor.process()`` appends the tokens, finishes sequences, emits outputs.
 
 Requests and aborts may come from any thread: every change to the engine's state takes one
-lock, so they land between steps, never inside one. ``EngineCore.build`` makes every part
-from plain arguments; the vLLM layer (vllm_api/) builds its ``LLM`` on one.
+lock, so they land between steps, never inside one (an abort asked for from inside a step --
+by a tokenizer or hash hook -- is applied when the step's work is done). Every operation is
+one transaction of the engine's journal (core/journal.py): if it raises anywhere, the engine
+is exactly as before it, and usable. ``EngineCore.build`` makes every part from plain
+arguments; the vLLM layer (vllm_api/) builds its ``LLM`` on one.
 """
 from __future__ import annotations
 
@@ -31,6 +34,8 @@ from scheduler import Scheduler, SchedulerConfig
 
 
 class EngineCore:
+    _journal_skip = ("scheduler", "model_runner", "output_processor", "limits", "lock", "stream")
+
     def __init__(self, scheduler: Scheduler, model_runner: ModelRunner,
                  output_processor: OutputProcessor, limits: Limits) -> None:
         self.scheduler = scheduler
@@ -40,6 +45,8 @@ class EngineCore:
         self.lock = threading.RLock()  # one step, or one change to the request table, at a time
         self.stream = OutputSink()     # where outputs go when a request names no sink
         self.steps = 0
+        self.stepping = False
+        self._deferred_aborts: list[str] = []  # asked for from inside a step
 
     @classmethod
     def build(cls, model: CausalLM, num_blocks: int, *, block_size: int = 16,
@@ -77,15 +84,21 @@ class EngineCore:
     def tokenizer(self):
         return self.output_processor.token_texts.tokenizer
 
+    @property
+    def journal(self):
+        return self.scheduler.journal
+
     # ------------------------------------------------------------------ the step
 
     def step(self) -> list[RequestOutput]:
         """One step; the outputs of requests that named no sink (per their ``output_kind``)."""
         with self.lock:
-            self._step()
+            self._transact(self._step)
             return self.stream.drain()
 
     def _step(self) -> None:
+        self.journal.keep(self)
+        self.stepping = True
         chunks = self.scheduler.schedule()
         if not chunks:
             if self.scheduler.has_unfinished:
@@ -93,11 +106,22 @@ class EngineCore:
             return
         self.output_processor.note_cached_tokens(chunks)
         result = self.model_runner.run(chunks, self.output_processor.state_of)
-        # Commit only once the forward and sampling succeeded: a step that raises leaves every
-        # sequence as it was, to be scheduled again.
+        # Commit only once the forward and sampling succeeded; and a step that raises after
+        # that is rolled back whole, to be scheduled again.
         self.scheduler.commit(chunks)
         self.steps += 1
         self.output_processor.process(result)
+        self.stepping = False
+        self._apply_deferred_aborts()
+
+    def _transact(self, operation, *args):
+        """``operation(*args)`` as one transaction: all of it, or (on any exception) none."""
+        was_stepping = self.stepping  # an operation from inside a step leaves it stepping
+        with self.journal.transaction():
+            try:
+                return operation(*args)
+            finally:
+                self.stepping = was_stepping
 
     def run_until_finished(self, sink: OutputSink, num_requests: int) -> None:
         """Step until ``num_requests`` of ``sink``'s requests have finished. Callers in other
@@ -105,7 +129,7 @@ class EngineCore:
         while sink.num_finished < num_requests:
             with self.lock:
                 if sink.num_finished < num_requests:
-                    self._step()
+                    self._transact(self._step)
 
     # ------------------------------------------------------------------ requests
 
@@ -117,9 +141,12 @@ class EngineCore:
             root_hash = self.prefix_cache.root_hash if self.prefix_cache else (lambda salt: 0)
             states = [make_request(r, self.limits, self.tokenizer, root_hash, sink or self.stream)
                       for r in requests]
-            for state in states:
-                self.output_processor.add(state)
+            self._transact(self._register, states)
             return states
+
+    def _register(self, states: list[RequestState]) -> None:
+        for state in states:
+            self.output_processor.add(state)
 
     def _check_ids(self, ids: list[str]) -> None:
         for rid in ids:
@@ -128,11 +155,35 @@ class EngineCore:
             if rid in self.output_processor.requests or ids.count(rid) > 1:
                 raise ValueError(f"request id {rid!r} is already in use")
 
-    def abort(self, request_id: str) -> bool:
+    def abort(self, request_id: str, state: RequestState | None = None) -> bool:
         """Cancel a queued or running request (all its sequences), between steps; its blocks
-        return (cached ones stay reusable). False if it is unknown or already finished."""
+        return (cached ones stay reusable). False if it is unknown or already finished. With
+        ``state``, only if the id still names that very request (a caller cleaning up its own
+        requests never touches another's that reused the id)."""
         with self.lock:
-            return self.output_processor.abort(str(request_id))
+            live = self.output_processor.is_live(str(request_id), state)
+            if live and self.stepping:  # asked for from inside a step: applied after its work
+                self.journal.keep(self)
+                self._deferred_aborts.append((str(request_id), state))
+                return True
+            return live and self._transact(self.output_processor.abort, str(request_id), state)
+
+    def cancel(self, states: list[RequestState]) -> None:
+        """Abort those of ``states`` still live, each on its own: one that raises does not
+        stop the others (the first error is raised at the end)."""
+        errors = []
+        for state in states:
+            try:
+                self.abort(state.request_id, state)
+            except BaseException as exc:  # noqa: BLE001 -- re-raised below, after the rest
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+    def _apply_deferred_aborts(self) -> None:
+        pending, self._deferred_aborts = self._deferred_aborts, []
+        for request_id, state in pending:
+            self.output_processor.abort(request_id, state)
 
     @property
     def has_unfinished(self) -> bool:
@@ -150,16 +201,18 @@ class EngineCore:
         with self.lock:
             if self.prefix_cache is None:
                 return True
-            if reset_running_requests:
-                for seq in list(reversed(self.scheduler.running)):
-                    self.scheduler.preempt(seq)
-            return self.prefix_cache.reset()
+            return self._transact(self._reset_prefix_cache, reset_running_requests)
+
+    def _reset_prefix_cache(self, reset_running_requests: bool) -> bool:
+        if reset_running_requests:
+            for seq in list(reversed(self.scheduler.running)):
+                self.scheduler.preempt(seq)
+        return self.prefix_cache.reset()
 
     def shutdown(self) -> None:
         """Abort every request still in the engine."""
         with self.lock:
-            for request_id in list(self.output_processor.requests):
-                self.abort(request_id)
+            self.cancel(list(self.output_processor.requests.values()))
 
     def stats(self) -> dict:
         """Cumulative counters over this engine's life (prefix-cache figures in tokens)."""

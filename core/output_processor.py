@@ -2,14 +2,16 @@
 tokens, detokenize, decide which sequences finish, and hand outputs to whoever waits for them.
 
 The one home of finishing and outputs: ``finish_reason`` is set through the scheduler (which
-frees the blocks), timings and logprobs live on the records (request_state.py), and every
-output goes to its request's ``OutputSink``.
+frees the blocks), timings and logprobs live on the records (requests.py), and every output
+goes to its request's ``OutputSink``. Each record is kept in the engine's journal before it
+changes (``_keep``), so a step that raises here is rolled back whole with the rest.
 """
 from __future__ import annotations
 
 import time
 import warnings
 
+from core.journal import JournaledDict
 from core.model_runner import StepResult
 from core.outputs import TokenTexts
 from core.requests import RequestState, SequenceState
@@ -26,25 +28,41 @@ class OutputProcessor:
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
         self.token_texts = TokenTexts(tokenizer)
-        self.requests: dict[str, RequestState] = {}           # request id -> its record
-        self.seq_states: dict[Sequence, SequenceState] = {}
+        self.journal = scheduler.journal
+        self.requests: dict[str, RequestState] = JournaledDict(self.journal)  # id -> its record
+        self.seq_states: dict[Sequence, SequenceState] = JournaledDict(self.journal)
         self.generation_tokens = 0
+
+    _journal_skip = ("scheduler", "journal", "token_texts", "requests", "seq_states")
+
+    def _keep(self, state: RequestState) -> None:
+        """Keep a request's records (and its sink) before any of them changes."""
+        self.journal.keep(state, state.sink, *state.sequences,
+                          *(s.detokenizer for s in state.sequences))
 
     # ------------------------------------------------------------------ the table
 
     def add(self, state: RequestState) -> None:
+        self._keep(state)
         state.arrival_time = time.perf_counter()
         self.requests[state.request_id] = state
         for seq_state in state.sequences:
             self.seq_states[seq_state.seq] = seq_state
             self.scheduler.add(seq_state.seq)
 
-    def abort(self, request_id: str) -> bool:
+    def is_live(self, request_id: str, state: RequestState | None = None) -> bool:
+        """The id names a request still in the table (and, given ``state``, that one)."""
+        found = self.requests.get(request_id)
+        return found is not None and (state is None or found is state)
+
+    def abort(self, request_id: str, state: RequestState | None = None) -> bool:
         """Cancel every sequence of a request; a generate() call waiting for it gets the
-        aborted output (so it never waits forever). False if unknown or already finished."""
-        state = self.requests.get(request_id)
-        if state is None:
+        aborted output (so it never waits forever). False if unknown or already finished
+        (or, given ``state``, if the id now names another request)."""
+        if not self.is_live(request_id, state):
             return False
+        state = self.requests[request_id]
+        self._keep(state)
         for seq_state in state.sequences:
             if not seq_state.seq.is_finished:
                 self.scheduler.abort(seq_state.seq)
@@ -69,11 +87,13 @@ class OutputProcessor:
         for chunk in chunks:
             state = self.seq_states[chunk.seq]
             if state.num_cached_tokens is None:
+                self.journal.keep(state)
                 state.num_cached_tokens = min(chunk.seq.num_computed_tokens,
                                               chunk.seq.num_prompt_tokens)
 
     def process(self, result: StepResult) -> None:
         """Store prompt logprobs, append the sampled tokens, emit outputs to their sinks."""
+        self.journal.keep(self)
         failed = self._store_prompt_logprobs(result.prompt_rows)
         touched = self._append_tokens(result)
         for state in dict.fromkeys(failed + touched):
@@ -83,6 +103,7 @@ class OutputProcessor:
         failed = []
         for state, rows in prompt_rows:
             texts = self.token_texts if state.params.detokenize else NO_TEXTS
+            self._keep(state)
             if not self._guarded(state.sequences[0], lambda: state.add_prompt_logprobs(rows, texts)):
                 failed.append(state)
         return failed
@@ -93,6 +114,8 @@ class OutputProcessor:
             seq = seq_state.seq
             if seq.is_finished:
                 continue  # it failed while its prompt logprobs were stored
+            self._keep(seq_state.request)
+            self.journal.keep(seq)
             seq.append_token(token)
             self.generation_tokens += 1
             if seq_state.first_token_time is None:

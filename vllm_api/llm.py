@@ -68,9 +68,8 @@ class LLM(LLMExtras):
                                               RequestOutputKind.FINAL_ONLY, sink)
         try:
             self._run(sink, len(states), use_tqdm)
-        finally:
-            for state in states:  # on an error, leave nothing of this call behind
-                self.llm_engine.abort(state.request_id)
+        finally:  # on an error, leave nothing of this call behind (and touch nobody else's)
+            self.llm_engine.engine_core.cancel(states)
         order = {state.request_id: i for i, state in enumerate(states)}
         return sorted(sink.drain(), key=lambda out: order[out.request_id])
 
