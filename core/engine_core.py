@@ -18,7 +18,9 @@ arguments; the vLLM layer (vllm_api/) builds its ``LLM`` on one.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
+from typing import Iterator
 
 from block_manager import BlockManager, KVCachePool
 from core.backend import Backend
@@ -92,9 +94,9 @@ class EngineCore:
 
     def step(self) -> list[RequestOutput]:
         """One step; the outputs of requests that named no sink (per their ``output_kind``)."""
-        with self.lock:
-            self._transact(self._step)
-            return self.stream.drain()
+        with self.operation():
+            self._step()
+        return self.stream.drain()
 
     def _step(self) -> None:
         self.journal.keep(self)
@@ -103,6 +105,7 @@ class EngineCore:
         if not chunks:
             if self.scheduler.has_unfinished:
                 raise RuntimeError("scheduler made no progress although requests are pending")
+            self.stepping = False
             return
         self.output_processor.note_cached_tokens(chunks)
         result = self.model_runner.run(chunks, self.output_processor.state_of)
@@ -114,39 +117,39 @@ class EngineCore:
         self.stepping = False
         self._apply_deferred_aborts()
 
-    def _transact(self, operation, *args):
-        """``operation(*args)`` as one transaction: all of it, or (on any exception) none."""
-        was_stepping = self.stepping  # an operation from inside a step leaves it stepping
-        with self.journal.transaction():
-            try:
-                return operation(*args)
-            finally:
-                self.stepping = was_stepping
+    @contextlib.contextmanager
+    def operation(self) -> Iterator[None]:
+        """The engine's lock and one journal transaction: what runs inside happens whole, or
+        (on any exception) not at all. Called from inside another operation (a hook of a
+        step), it is part of that one."""
+        with self.lock:
+            if self.lock._recursion_count() > 1:
+                yield
+                return
+            with self.journal.transaction():
+                yield
 
     def run_until_finished(self, sink: OutputSink, num_requests: int) -> None:
         """Step until ``num_requests`` of ``sink``'s requests have finished. Callers in other
         threads step too: whoever holds the lock runs one step for every request."""
         while sink.num_finished < num_requests:
-            with self.lock:
+            with self.operation():
                 if sink.num_finished < num_requests:
-                    self._transact(self._step)
+                    self._step()
 
     # ------------------------------------------------------------------ requests
 
     def add_requests(self, requests: list[Request], sink: OutputSink | None = None) -> list[RequestState]:
         """Check every request first, then queue them all: one bad request queues nothing.
         Outputs go to ``sink`` (None: to ``step()``'s caller)."""
-        with self.lock:
+        with self.operation():
             self._check_ids([r.request_id for r in requests])
             root_hash = self.prefix_cache.root_hash if self.prefix_cache else (lambda salt: 0)
             states = [make_request(r, self.limits, self.tokenizer, root_hash, sink or self.stream)
                       for r in requests]
-            self._transact(self._register, states)
+            for state in states:
+                self.output_processor.add(state)
             return states
-
-    def _register(self, states: list[RequestState]) -> None:
-        for state in states:
-            self.output_processor.add(state)
 
     def _check_ids(self, ids: list[str]) -> None:
         for rid in ids:
@@ -160,19 +163,22 @@ class EngineCore:
         return (cached ones stay reusable). False if it is unknown or already finished. With
         ``state``, only if the id still names that very request (a caller cleaning up its own
         requests never touches another's that reused the id)."""
-        with self.lock:
+        with self.operation():
             live = self.output_processor.is_live(str(request_id), state)
             if live and self.stepping:  # asked for from inside a step: applied after its work
                 self.journal.keep(self)
                 self._deferred_aborts.append((str(request_id), state))
                 return True
-            return live and self._transact(self.output_processor.abort, str(request_id), state)
+            return live and self.output_processor.abort(str(request_id), state)
 
-    def cancel(self, states: list[RequestState]) -> None:
-        """Abort those of ``states`` still live, each on its own: one that raises does not
-        stop the others (the first error is raised at the end)."""
+    def cancel(self, sink: OutputSink | None = None) -> None:
+        """Abort every live request whose outputs go to ``sink`` (None: every request), each
+        on its own: one that raises does not stop the others (the first error is raised at
+        the end). A ``generate()`` call cleans up by its sink: only its own requests."""
         errors = []
-        for state in states:
+        with self.lock:
+            mine = [s for s in self.output_processor.requests.values() if sink in (None, s.sink)]
+        for state in mine:
             try:
                 self.abort(state.request_id, state)
             except BaseException as exc:  # noqa: BLE001 -- re-raised below, after the rest
@@ -198,21 +204,17 @@ class EngineCore:
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         """Forget cached-and-free blocks; True if the cache is now empty (as vLLM's). With
         ``reset_running_requests``, running sequences are preempted first (they recompute)."""
-        with self.lock:
+        with self.operation():
             if self.prefix_cache is None:
                 return True
-            return self._transact(self._reset_prefix_cache, reset_running_requests)
-
-    def _reset_prefix_cache(self, reset_running_requests: bool) -> bool:
-        if reset_running_requests:
-            for seq in list(reversed(self.scheduler.running)):
-                self.scheduler.preempt(seq)
-        return self.prefix_cache.reset()
+            if reset_running_requests:
+                for seq in list(reversed(self.scheduler.running)):
+                    self.scheduler.preempt(seq)
+            return self.prefix_cache.reset()
 
     def shutdown(self) -> None:
         """Abort every request still in the engine."""
-        with self.lock:
-            self.cancel(list(self.output_processor.requests.values()))
+        self.cancel()
 
     def stats(self) -> dict:
         """Cumulative counters over this engine's life (prefix-cache figures in tokens)."""

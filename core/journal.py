@@ -33,18 +33,23 @@ class Journal:
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
-        """Roll back everything kept if the block raises; a nested one joins the outer one."""
-        if self._saved is not None:
-            yield
-            return
+        """Roll back everything kept if the block raises. It always starts afresh: if the end of
+        the last one was itself interrupted, what that one kept is simply dropped (it had
+        finished). Nesting is the caller's to avoid (the engine core opens only outer ones)."""
+        log = None  # this transaction's own: an interrupt before it exists rolls nothing back
         try:
-            self._saved, self._keys = {}, []
+            log = self._begin()
             yield
         except BaseException:
-            self._rollback()
+            if log is not None:
+                _rollback(*log)
             raise
         finally:
             self._saved, self._keys = None, []
+
+    def _begin(self) -> tuple[dict, list]:
+        self._saved, self._keys = log = {}, []
+        return log
 
     def keep(self, *objects) -> None:
         """Save each object's fields, once per transaction, before it is changed."""
@@ -59,17 +64,18 @@ class Journal:
         if self._saved is not None:
             self._keys.append((mapping, key, mapping.get(key, MISSING)))
 
-    def _rollback(self) -> None:
-        for mapping, key, old in reversed(self._keys or ()):
-            if old is MISSING:
-                dict.pop(mapping, key, None)
-            else:
-                dict.__setitem__(mapping, key, old)
-        for obj, fields in (self._saved or {}).values():
-            for name, (value, contents) in fields.items():
-                setattr(obj, name, value)
-                if contents is not None:
-                    _refill(value, contents)
+def _rollback(saved: dict, keys: list) -> None:
+    """Put every kept entry and object back: entries newest first, then each object's fields."""
+    for mapping, key, old in reversed(keys):
+        if old is MISSING:
+            dict.pop(mapping, key, None)
+        else:
+            dict.__setitem__(mapping, key, old)
+    for obj, fields in saved.values():
+        for name, (value, contents) in fields.items():
+            setattr(obj, name, value)
+            if contents is not None:
+                _refill(value, contents)
 
 
 def _fields_of(obj) -> dict:

@@ -18,7 +18,8 @@ import helpers
 # The suite runs on every core (pytest-xdist, see pyproject.toml). A module's tests stay on one
 # worker, so a module-scoped fixture (a bench run, a page in a browser) is built once; these
 # modules use session fixtures only and spread their tests over the workers.
-SPREAD_MODULES = {"test_property", "test_hf_parity", "test_attention_kinds", "test_vllm_surface"}
+SPREAD_MODULES = {"test_property", "test_hf_parity", "test_attention_kinds", "test_vllm_surface",
+                  "test_interrupts"}
 
 
 def pytest_collection_modifyitems(config, items):

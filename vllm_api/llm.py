@@ -63,13 +63,13 @@ class LLM(LLMExtras):
         threads at once: the calls share steps."""
         reject_unsupported(lora_request, priority, **unsupported)
         prompts = _as_prompt_list(prompts)
+        requests = list(zip(prompts, _params_list(sampling_params, prompts)))
         sink = OutputSink(takes_aborted=True)
-        states = self.llm_engine.add_requests(list(zip(prompts, _params_list(sampling_params, prompts))),
-                                              RequestOutputKind.FINAL_ONLY, sink)
         try:
+            states = self.llm_engine.add_requests(requests, RequestOutputKind.FINAL_ONLY, sink)
             self._run(sink, len(states), use_tqdm)
         finally:  # on an error, leave nothing of this call behind (and touch nobody else's)
-            self.llm_engine.engine_core.cancel(states)
+            self.llm_engine.engine_core.cancel(sink)
         order = {state.request_id: i for i, state in enumerate(states)}
         return sorted(sink.drain(), key=lambda out: order[out.request_id])
 

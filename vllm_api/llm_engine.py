@@ -142,7 +142,7 @@ class LLMEngine(LLMExtras):
         """Check every (prompt, params) first, then queue them all: one bad request queues
         nothing. ``output_kind`` None: each request's own; ``sink`` None: ``step()``'s caller."""
         parsed = [self._parse(prompt, params) for prompt, params in requests]
-        with self.engine_core.lock:
+        with self.engine_core.operation():
             ids = self._claim_ids(request_ids or [None] * len(requests))
             return self.engine_core.add_requests(
                 [Request(rid, p.token_ids, params, p.text, p.cache_salt, output_kind)
