@@ -25,8 +25,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                           "MistralForCausalLM")
+# config.json's model_type -> the decoder it names, as Hugging Face picks the class (by
+# model_type, whatever "architectures" says).
+MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+               "qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM"}
+SUPPORTED_ARCHITECTURES = tuple(MODEL_TYPES.values())
 
 
 # ----------------------------------------------------------------------------- config
@@ -55,27 +58,37 @@ class ModelConfig:
 
     @classmethod
     def from_hf(cls, hf) -> "ModelConfig":
-        arch = (getattr(hf, "architectures", None) or [None])[0]
-        if arch not in SUPPORTED_ARCHITECTURES:
-            raise ValueError(f"unsupported architecture {arch!r}; supported: "
-                             f"{', '.join(SUPPORTED_ARCHITECTURES)}")
+        """The decoder ``model_type`` names, with its biases and windows as HF builds them."""
+        model_type = getattr(hf, "model_type", None)
+        if model_type not in MODEL_TYPES:
+            arch = (getattr(hf, "architectures", None) or [None])[0]
+            raise ValueError(f"unsupported architecture {arch!r}: config.json's model_type "
+                             f"{model_type!r} is none of {', '.join(MODEL_TYPES)} (supported: "
+                             f"{', '.join(SUPPORTED_ARCHITECTURES)})")
         num_heads = hf.num_attention_heads
         head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // num_heads
-        attention_bias = bool(getattr(hf, "attention_bias", False))
         return cls(
-            architecture=arch, vocab_size=hf.vocab_size, hidden_size=hf.hidden_size,
-            intermediate_size=hf.intermediate_size, num_layers=hf.num_hidden_layers,
-            num_heads=num_heads,
+            architecture=MODEL_TYPES[model_type], vocab_size=hf.vocab_size,
+            hidden_size=hf.hidden_size, intermediate_size=hf.intermediate_size,
+            num_layers=hf.num_hidden_layers, num_heads=num_heads,
             num_kv_heads=getattr(hf, "num_key_value_heads", None) or num_heads,
             head_dim=head_dim, rms_norm_eps=hf.rms_norm_eps,
             max_position_embeddings=hf.max_position_embeddings,
             rope_parameters=_rope_parameters(hf), hidden_act=hf.hidden_act,
-            qkv_bias=arch == "Qwen2ForCausalLM" or attention_bias,
-            o_bias=arch != "Qwen2ForCausalLM" and attention_bias,
-            mlp_bias=bool(getattr(hf, "mlp_bias", False)),
-            qk_norm=arch == "Qwen3ForCausalLM",
+            **_biases(model_type, hf), qk_norm=model_type == "qwen3",
             tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
-            layer_windows=_layer_windows(hf), eos_token_ids=_as_tuple(hf.eos_token_id))
+            layer_windows=_layer_windows(hf, model_type), eos_token_ids=_as_tuple(hf.eos_token_id))
+
+
+def _biases(model_type: str, hf) -> dict:
+    """Which projections carry a bias, per decoder (as each HF class builds its layers)."""
+    attention_bias = bool(getattr(hf, "attention_bias", False))
+    if model_type == "qwen2":
+        return dict(qkv_bias=True, o_bias=False, mlp_bias=False)
+    if model_type == "mistral":
+        return dict(qkv_bias=False, o_bias=False, mlp_bias=False)
+    mlp_bias = model_type == "llama" and bool(getattr(hf, "mlp_bias", False))
+    return dict(qkv_bias=attention_bias, o_bias=attention_bias, mlp_bias=mlp_bias)
 
 
 def _as_tuple(ids) -> tuple[int, ...]:
@@ -96,9 +109,11 @@ def _rope_parameters(hf) -> dict:
     return params
 
 
-def _layer_windows(hf) -> tuple[int | None, ...]:
+def _layer_windows(hf, model_type: str) -> tuple[int | None, ...]:
     n = hf.num_hidden_layers
     window = getattr(hf, "sliding_window", None)
+    if model_type == "llama":  # HF's Llama attends fully whatever the config carries
+        return (None,) * n
     layer_types = getattr(hf, "layer_types", None)
     if layer_types:
         return tuple(window if t == "sliding_attention" else None for t in layer_types)
@@ -446,6 +461,9 @@ def resolve_dtype(dtype, hf_config, device: torch.device) -> torch.dtype:
 
 
 def safetensors_files(path: Path) -> list[Path]:
+    """The weight files Hugging Face reads: those model.safetensors.index.json names, else
+    model.safetensors. Any other *.safetensors in the folder (a backup, a stray download) is
+    never read, so it can never replace a weight."""
     index = path / "model.safetensors.index.json"
     if index.is_file():
         names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
@@ -453,18 +471,26 @@ def safetensors_files(path: Path) -> list[Path]:
         if missing:
             raise FileNotFoundError(f"checkpoint shard(s) missing in {path}: {', '.join(missing)}")
         return [path / n for n in names]
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
+    if (path / "model.safetensors").is_file():
+        return [path / "model.safetensors"]
+    others = sorted(f.name for f in path.glob("*.safetensors"))
+    if not others:
         raise FileNotFoundError(f"no *.safetensors weights in checkpoint directory {str(path)!r}")
-    return files
+    raise FileNotFoundError(f"checkpoint directory {str(path)!r} has neither model.safetensors nor "
+                            f"model.safetensors.index.json (found {', '.join(others)}: which of them "
+                            f"are the weights is not said, so none is read)")
 
 
 # HF parameter names -> (our parameter, slice of the fused tensor it fills)
 _FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
           "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+# Tensors some checkpoints carry that no model reads (rotary tables are recomputed).
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 def _load_weights(model: CausalLM, path: Path, dtype: torch.dtype) -> None:
+    """Every parameter from the checkpoint, exactly once: a missing one, one the config does
+    not use, a wrong shape or a NaN / inf value is refused, naming the tensor and its file."""
     params = dict(model.named_parameters(remove_duplicate=False))
     loaded: set[tuple[str, int | None]] = set()
     for file in safetensors_files(path):
@@ -481,16 +507,30 @@ def _load_file(model: CausalLM, params: dict, file: Path, dtype: torch.dtype) ->
     file's error names the file (the library's own message does not)."""
     from safetensors import SafetensorError, safe_open
 
-    loaded = set()
+    loaded, unused = set(), []
     try:
         with safe_open(str(file), framework="pt") as f:
             for name in f.keys():
-                part = _copy_weight(model, params, name, f.get_tensor(name), dtype)
-                if part:
+                if name.endswith(_IGNORED_SUFFIXES):
+                    continue
+                part = _copy_weight(model, params, name, f.get_tensor(name), dtype, file)
+                if part is None:
+                    unused.append(name)
+                else:
                     loaded.add(part)
     except SafetensorError as err:
         raise ValueError(f"cannot read checkpoint file {file}: {err}") from err
+    if unused:
+        raise ValueError(_unused_message(model.config, file, unused))
     return loaded
+
+
+def _unused_message(cfg: ModelConfig, file: Path, names: list[str]) -> str:
+    more = f" and {len(names) - 5} more" if len(names) > 5 else ""
+    return (f"checkpoint file {file} holds weights that config.json's {cfg.architecture} does "
+            f"not use: {', '.join(names[:5])}{more} (num_hidden_layers={cfg.num_layers}, "
+            f"biases q/k/v {cfg.qkv_bias}, o {cfg.o_bias}, mlp {cfg.mlp_bias}); the weights "
+            f"and the config disagree, so the model is not run")
 
 
 def _expected_parts(params: dict):
@@ -503,8 +543,9 @@ def _expected_parts(params: dict):
             yield from ((name, i) for i in range(count))
 
 
-def _copy_weight(model, params, hf_name: str, tensor: torch.Tensor, dtype):
-    """Copy one checkpoint tensor into its (possibly fused) parameter; returns what it filled."""
+def _copy_weight(model, params, hf_name: str, tensor: torch.Tensor, dtype, file: Path):
+    """Copy one checkpoint tensor into its (possibly fused) parameter; returns what it filled
+    (None: no parameter of this model takes it)."""
     name = hf_name.removeprefix("model.")
     parts = name.split(".")
     index = None
@@ -513,7 +554,7 @@ def _copy_weight(model, params, hf_name: str, tensor: torch.Tensor, dtype):
         name = ".".join(parts[:-2] + [fused, parts[-1]])
     param = params.get(name)
     if param is None:
-        return None  # e.g. rotary inv_freq buffers some checkpoints carry
+        return None
     target = param.data
     if index is not None:
         start, size = _fused_slice(model, name.split(".")[-2], index)
@@ -521,6 +562,9 @@ def _copy_weight(model, params, hf_name: str, tensor: torch.Tensor, dtype):
     if target.shape != tensor.shape:
         raise ValueError(f"weight {hf_name} has shape {tuple(tensor.shape)}, "
                          f"expected {tuple(target.shape)}")
+    if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+        raise ValueError(f"weight {hf_name} in checkpoint file {file} has NaN or infinite values; "
+                         f"every output would be NaN, so the model is not run")
     target.copy_(tensor.to(dtype))
     return name, index
 

@@ -54,9 +54,14 @@ class IncrementalDetokenizer:
         """Append the text the new token completes; returns how many characters were added."""
         before = self._decode(self.token_ids[self.prefix_offset:self.read_offset])
         after = self._decode(self.token_ids[self.prefix_offset:])
-        if after.endswith("\ufffd") or len(after) <= len(before):
+        read = len(before)
+        if not after.startswith(before):
+            # The window ended inside a character ("\ufffd", e.g. a prompt cut mid-"€") that the
+            # new token completes: the whole character is new text.
+            read = len(before.rstrip("\ufffd"))
+        if after.endswith("\ufffd") or len(after) <= read:
             return 0  # an incomplete character (or nothing visible yet): wait for more tokens
-        self.text += after[len(before):]
+        self.text += after[read:]
         self.prefix_offset, self.read_offset = self.read_offset, len(self.token_ids)
         return len(after) - len(before)
 

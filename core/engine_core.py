@@ -222,6 +222,7 @@ class EngineCore:
             sched, bm, pc = self.scheduler.stats, self.block_manager, self.prefix_cache
             return dict(
                 generation_tokens=self.output_processor.generation_tokens,
+                prompt_tokens=self.output_processor.prompt_tokens,
                 steps=self.steps,
                 hash_computations=pc.hash_computations if pc else 0,
                 prompt_tokens_computed=sched.prompt_tokens_computed,

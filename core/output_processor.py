@@ -32,6 +32,7 @@ class OutputProcessor:
         self.requests: dict[str, RequestState] = JournaledDict(self.journal)  # id -> its record
         self.seq_states: dict[Sequence, SequenceState] = JournaledDict(self.journal)
         self.generation_tokens = 0
+        self.prompt_tokens = 0  # each request's prompt once, when it is first scheduled
 
     _journal_skip = ("scheduler", "journal", "token_texts", "requests", "seq_states")
 
@@ -83,11 +84,13 @@ class OutputProcessor:
     # ------------------------------------------------------------------ after a forward
 
     def note_cached_tokens(self, chunks: list[ScheduledChunk]) -> None:
-        """A sequence's first chunk starts after its cached prefix: vLLM's num_cached_tokens."""
+        """A sequence's first chunk starts after its cached prefix: vLLM's num_cached_tokens.
+        Its request's prompt counts once, then (not again after a preemption)."""
         for chunk in chunks:
             state = self.seq_states[chunk.seq]
             if state.num_cached_tokens is None:
-                self.journal.keep(state)
+                self.journal.keep(state, self)
+                self.prompt_tokens += chunk.seq.num_prompt_tokens if state.index == 0 else 0
                 state.num_cached_tokens = min(chunk.seq.num_computed_tokens,
                                               chunk.seq.num_prompt_tokens)
 

@@ -47,6 +47,7 @@ def make_request(request: Request, limits: Limits, tokenizer, root_hash, sink: O
     """The records of one valid request, or a ValueError that names what is wrong.
     ``root_hash(cache_salt)``: the seed of its chain (the prefix cache's)."""
     ids = check_prompt_ids(request.prompt_token_ids, limits.vocab_size)
+    check_cache_salt(request.cache_salt)
     params = own_params(request.params, ids.size, limits, tokenizer)
     check_fits(ids.size, params.max_tokens, limits)
     state = RequestState(request.request_id, request.prompt, ids.tolist(), params,
@@ -79,6 +80,19 @@ def check_prompt_ids(token_ids, vocab_size: int) -> np.ndarray:
         raise ValueError(f"token id {int(ids[out_of_range][0])} is out of range "
                          f"for vocab size {vocab_size}")
     return ids.astype(np.int64)
+
+
+def check_cache_salt(salt) -> None:
+    """A salt seeds the chain as its UTF-8 bytes: a string that has them."""
+    if salt is None:
+        return
+    if not isinstance(salt, str):
+        raise ValueError(f"cache_salt must be a string, got {type(salt).__name__}")
+    try:
+        salt.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"cache_salt cannot be encoded as UTF-8 (character {salt[exc.start]!r} "
+                         f"at position {exc.start}); use a string of valid text") from None
 
 
 def own_params(params: SamplingParams, num_prompt_tokens: int, limits: Limits, tokenizer) -> SamplingParams:

@@ -14,11 +14,13 @@ from __future__ import annotations
 import functools
 import itertools
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
 from invariants import check_accounting
 
+DEMO_MODEL_DIR = Path(__file__).resolve().parent.parent / "demo_model"
 VOCAB_SIZE = 512
 MAX_POS = 512
 TIE_TOL = 1e-3  # reference top-2 logits closer than this: a near-tie, stop comparing there

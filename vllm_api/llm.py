@@ -73,11 +73,13 @@ class LLM(LLMExtras):
         order = {state.request_id: i for i, state in enumerate(states)}
         return sorted(sink.drain(), key=lambda out: order[out.request_id])
 
-    def _run(self, sink: OutputSink, num_requests: int, use_tqdm: bool) -> None:
+    def _run(self, sink: OutputSink, num_requests: int, use_tqdm) -> None:
+        """``use_tqdm``: False, True (tqdm's bar) or, as in vLLM, the factory of the bar."""
         if not use_tqdm:
             return self.llm_engine.run_until_finished(sink, num_requests)
         from tqdm.auto import tqdm
-        with tqdm(total=num_requests, desc="generate", unit="req", dynamic_ncols=True) as bar:
+        factory = use_tqdm if callable(use_tqdm) else tqdm
+        with factory(total=num_requests, desc="Processed prompts", dynamic_ncols=True) as bar:
             while sink.num_finished < num_requests:
                 self.llm_engine.run_until_finished(sink, sink.num_finished + 1)
                 bar.update(sink.num_finished - bar.n)

@@ -62,7 +62,6 @@ def metrics_from_stats(stats: dict, running: int = 0, waiting: int = 0,
                        model_name: str = "") -> list[Metric]:
     """vLLM-shaped metrics from ``LLM.stats()`` plus the current request counts."""
     values = dict(stats)
-    values["prompt_tokens"] = stats["prompt_tokens_computed"] + stats["prompt_tokens_cached"]
     values["kv_cache_usage"] = stats["blocks_in_use"] / max(stats["num_blocks"], 1)
     values["num_requests_running"], values["num_requests_waiting"] = running, waiting
     labels = {"model_name": model_name, "engine": "0"}
