@@ -9,7 +9,7 @@ import signal
 import pytest
 import torch
 
-from engine import SamplingParams
+from engine import SamplingParams, VLLMValidationError
 from helpers import VOCAB_SIZE, GreedyReference, assert_no_leak, greedy, make_llm, random_prompt
 
 
@@ -63,14 +63,18 @@ def test_text_prompt_without_tokenizer(llm):
         llm.generate(["hello world"], greedy(4), use_tqdm=False)
 
 
-def test_prompt_plus_max_tokens_exceeds_max_model_len(llm):
-    # max_model_len=128: 120 + 9 > 128 must fail, 120 + 8 fits
-    with pytest.raises(ValueError, match="max_model_len"):
-        llm.generate([random_prompt(120, 1)], greedy(9), use_tqdm=False)
-    with pytest.raises(ValueError, match="max_model_len"):
+def test_max_model_len_caps_a_request_as_vllm_does(llm):
+    # max_model_len=128: 120 + 32 runs, stopped at the limit with "length" (vLLM's V1 scheduler)
+    (out,) = llm.generate([random_prompt(120, 1)], SamplingParams(temperature=0.0, max_tokens=32,
+                                                                  ignore_eos=True), use_tqdm=False)
+    assert len(out.token_ids) == 8 and out.outputs[0].finish_reason == "length"
+    with pytest.raises(VLLMValidationError, match=r"^The decoder prompt \(length 200\) is longer "
+                       r"than the maximum model length of 128\. Make sure"):
         llm.generate([random_prompt(200, 1)], greedy(1), use_tqdm=False)
-    (out,) = llm.generate([random_prompt(120, 1)], greedy(8), use_tqdm=False)
-    assert len(out.token_ids) == 8
+    with pytest.raises(VLLMValidationError, match=r"^The decoder prompt \(length 128\) plus the "
+                       r"number of requested output tokens \(at least 1\) is longer than the "
+                       r"maximum model length of 128\."):
+        llm.generate([random_prompt(128, 1)], greedy(1), use_tqdm=False)
     assert_no_leak(llm)
 
 
