@@ -120,9 +120,10 @@ def check_prompt_length(num_prompt_tokens: int, max_model_len: int) -> None:
     messages, word for word (its tests match on them)."""
     if num_prompt_tokens > max_model_len:
         raise ParameterError(
-            f"The decoder prompt (length {num_prompt_tokens}) is longer than the maximum model "
-            f"length of {max_model_len}. Make sure that `max_model_len` is no smaller than the "
-            f"number of text tokens.", parameter="prompt", value=num_prompt_tokens)
+            f"This model's maximum context length is {max_model_len} tokens. However, your "
+            f"prompt contains {num_prompt_tokens} input tokens, which exceeds this limit even "
+            f"without any output tokens. Please reduce the length of the input prompt.",
+            parameter="input_tokens", value=num_prompt_tokens)
     if num_prompt_tokens == max_model_len:
         raise ParameterError(
             f"The decoder prompt (length {num_prompt_tokens}) plus the number of requested "

@@ -68,8 +68,8 @@ def test_max_model_len_caps_a_request_as_vllm_does(llm):
     (out,) = llm.generate([random_prompt(120, 1)], SamplingParams(temperature=0.0, max_tokens=32,
                                                                   ignore_eos=True), use_tqdm=False)
     assert len(out.token_ids) == 8 and out.outputs[0].finish_reason == "length"
-    with pytest.raises(VLLMValidationError, match=r"^The decoder prompt \(length 200\) is longer "
-                       r"than the maximum model length of 128\. Make sure"):
+    with pytest.raises(VLLMValidationError, match=r"^This model's maximum context length is 128 "
+                       r"tokens\. However, your prompt contains 200 input tokens, which exceeds"):
         llm.generate([random_prompt(200, 1)], greedy(1), use_tqdm=False)
     with pytest.raises(VLLMValidationError, match=r"^The decoder prompt \(length 128\) plus the "
                        r"number of requested output tokens \(at least 1\) is longer than the "
