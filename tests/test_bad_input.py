@@ -59,8 +59,19 @@ def test_token_id_out_of_vocab(llm, bad_id):
 
 
 def test_text_prompt_without_tokenizer(llm):
-    with pytest.raises(ValueError, match="(?i)tokenizer"):
+    with pytest.raises(ValueError, match="cannot pass text prompts when `skip_tokenizer_init=True`"):
         llm.generate(["hello world"], greedy(4), use_tqdm=False)
+
+
+def test_skip_tokenizer_init_as_vllms_test(tokenizer_ckpt):
+    """vLLM's tests/entrypoints/llm test of skip_tokenizer_init, with only the model changed."""
+    llm = make_llm(tokenizer_ckpt, skip_tokenizer_init=True)
+    sampling_params = SamplingParams(prompt_logprobs=True, detokenize=True)
+    with pytest.raises(ValueError, match="cannot pass text prompts when"):
+        llm.generate("abc", sampling_params)
+    outputs = llm.generate({"prompt_token_ids": [1, 2, 3]}, sampling_params=sampling_params)
+    completions = outputs[0].outputs
+    assert completions[0].text == "" and len(completions[0].token_ids) > 0
 
 
 def test_max_model_len_caps_a_request_as_vllm_does(llm):
