@@ -73,12 +73,12 @@ def check_prompt_ids(token_ids, vocab_size: int) -> np.ndarray:
     if ids.size and (ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer)):
         raise ValueError(f"a prompt must be a flat list of integer token ids, got an array of "
                          f"shape {ids.shape} and dtype {ids.dtype}")
-    if ids.size == 0:
-        raise ValueError("empty prompt: a request needs at least one token")
+    if ids.size == 0:  # vLLM's words, here and below (its tests match on them)
+        raise ParameterError("The decoder prompt cannot be empty")
     out_of_range = (ids < 0) | (ids >= vocab_size)
     if out_of_range.any():
-        raise ValueError(f"token id {int(ids[out_of_range][0])} is out of range "
-                         f"for vocab size {vocab_size}")
+        raise ParameterError(f"Token id {int(ids[out_of_range][0])} is out of vocabulary "
+                             f"(vocab size {vocab_size})", parameter="prompt_token_ids")
     return ids.astype(np.int64)
 
 
