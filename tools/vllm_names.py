@@ -21,7 +21,7 @@ import os
 MODULES = (
     "vllm", "vllm.sampling_params", "vllm.outputs", "vllm.inputs", "vllm.logprobs",
     "vllm.engine.arg_utils", "vllm.lora.request", "vllm.config", "vllm.config.model",
-    "vllm.config.kv_events", "vllm.exceptions", "vllm.utils.argparse_utils",
+    "vllm.config.kv_events", "vllm.exceptions", "vllm.utils", "vllm.utils.argparse_utils",
     "vllm.v1.metrics.reader", "vllm.v1.engine.async_llm", "vllm.engine.async_llm_engine",
     "vllm.distributed.kv_events", "vllm.entrypoints.llm",
 )

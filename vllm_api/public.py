@@ -70,6 +70,7 @@ from vllm_api.type_aliases import (
     RunnerOption,
     SampleLogprobs,
     TokenizerMode,
+    random_uuid,
 )
 from vllm_api.vllm_config import (
     CompilationConfig,
@@ -107,8 +108,8 @@ __all__ = [
     "LogprobsMode", "ModelDType", "TokenizerMode", "RunnerOption", "ConvertOption", "HfOverrides",
     # vllm.logprobs
     "LogprobsOnePosition", "SampleLogprobs", "PromptLogprobs",
-    # vllm.v1.engine.async_llm
-    "AsyncLLM",
+    # vllm.v1.engine.async_llm, vllm.utils
+    "AsyncLLM", "random_uuid",
     # vllm.distributed.kv_events
     "BlockStored", "BlockRemoved", "AllBlocksCleared", "KVCacheEvent", "KVEventBatch",
     "EventBatch", "ZmqEventPublisher", "MEDIUM_GPU",

@@ -55,7 +55,8 @@ NOT_PROVIDED = {
         "validate_thinking_token_budget", "SamplingMask", "WeightVersionSpan", "FlatLogprobs",
         "append_logprobs_for_next_position", "create_prompt_logprobs", "create_sample_logprobs",
         "get_metrics_snapshot", "InputStreamError", "AttnTypeStr", "ConvertType",
-        "LayerBlockType", "ModelImpl", "PROCESSED_LOGPROBS_MODES", "get_served_model_name")},
+        "LayerBlockType", "ModelImpl", "PROCESSED_LOGPROBS_MODES", "get_served_model_name",
+        "MASK_64_BITS", "length_from_prompt_token_ids_or_embeds", "is_moe_layer")},
     **{name: INPUT_INTERNALS for name in (
         "DecoderOnlyEngineInput", "EncoderDecoderInput", "EngineInput", "ModalityData",
         "MultiModalDataBuiltins", "MultiModalDataDict", "MultiModalEncDecInput",
