@@ -141,6 +141,17 @@ def test_hf_overrides_can_drop_layers_and_refuse_what_the_weights_lack(llama_dir
         make_llm(llama_dir, hf_overrides="rope")
 
 
+def test_object_arguments_take_json_on_the_command_line(llama_dir):
+    from engine import EngineArgs, FlexibleArgumentParser
+    parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+    args = parser.parse_args(["--model", llama_dir, "--hf-overrides", '{"num_hidden_layers": 1}',
+                              "--kv-events-config", '{"enable_kv_cache_events": true, "publisher": "null"}'])
+    engine_args = EngineArgs.from_cli_args(args)
+    assert engine_args.hf_overrides == {"num_hidden_layers": 1}
+    llm = LLM.from_engine_args(engine_args)
+    assert len(llm.model.layers) == 1 and llm.llm_engine.kv_events is not None
+
+
 def test_load_format_dummy_needs_only_the_config(llama_dir, tmp_path):
     shutil.copy(f"{llama_dir}/config.json", tmp_path / "config.json")
     dummy = make_llm(tmp_path, load_format="dummy")

@@ -35,14 +35,17 @@ def import_api(backend: str) -> dict:
         from vllm.config.model import LogprobsMode
         from vllm.distributed.kv_events import KVEventBatch
         from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm import AsyncLLMEngine
         from vllm.sampling_params import BeamSearchParams
-        from vllm.v1.engine.async_llm import AsyncLLM
+        from vllm.utils import random_uuid
     else:
-        from engine import (LLM, AsyncEngineArgs, AsyncLLM, BeamSearchParams, KVEventBatch,
-                            KVEventsConfig, LogprobsMode, SamplingParams)
+        from engine import (LLM, AsyncEngineArgs, AsyncLLMEngine, BeamSearchParams,
+                            KVEventBatch, KVEventsConfig, LogprobsMode, SamplingParams,
+                            random_uuid)
     return dict(LLM=LLM, SamplingParams=SamplingParams, KVEventsConfig=KVEventsConfig,
-                LogprobsMode=LogprobsMode, KVEventBatch=KVEventBatch, AsyncLLM=AsyncLLM,
-                AsyncEngineArgs=AsyncEngineArgs, BeamSearchParams=BeamSearchParams)
+                LogprobsMode=LogprobsMode, KVEventBatch=KVEventBatch, AsyncLLMEngine=AsyncLLMEngine,
+                AsyncEngineArgs=AsyncEngineArgs, BeamSearchParams=BeamSearchParams,
+                random_uuid=random_uuid)
 
 
 def snippet_max_model_len_cap(api, llm, ctx):
@@ -103,15 +106,18 @@ def snippet_kv_events(api, llm, ctx):
 
 
 def snippet_async_llm(api, ctx, model):
-    """vLLM's AsyncLLM example: from_engine_args, async for over generate(), the final output."""
+    """An async serving wrapper's shape (from vllm import AsyncLLMEngine;
+    from_engine_args(engine_args=...); request ids from vllm.utils.random_uuid; async for over
+    generate(), keeping the last output)."""
     args = {k: v for k, v in ENGINE_ARGS.items() if k != "prefix_caching_hash_algo"}
-    engine = api["AsyncLLM"].from_engine_args(api["AsyncEngineArgs"](model=model, **args))
+    engine = api["AsyncLLMEngine"].from_engine_args(
+        engine_args=api["AsyncEngineArgs"](model=model, **args))
 
     async def run():
         final = None
         async for output in engine.generate({"prompt_token_ids": PROMPT_IDS},
                                             api["SamplingParams"](temperature=0, max_tokens=10),
-                                            request_id="async-1"):
+                                            request_id=api["random_uuid"]()):
             final = output
         return final
     try:
