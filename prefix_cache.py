@@ -60,9 +60,10 @@ class HashSource(enum.Enum):
 class ChainEvent:
     """One thing that happened to one block of one request (see ``PrefixCache.recording``)."""
 
-    kind: str              # "hash", "hit", "miss", "wait", "save", "twin", "evict"
-    request_id: str | None  # None for "evict" (the block belongs to no request any more)
-    index: int | None       # block index in the sequence; None for "evict"
+    kind: str              # "hash", "hit", "miss", "wait", "save", "twin", "evict"; reset():
+                           # "forget" (a cached-and-free block), then "clear" if none is left
+    request_id: str | None  # None for "evict", "forget", "clear" (no request's block)
+    index: int | None       # block index in the sequence; None for those three
     block_hash: int | None = None
     parent_hash: int | None = None
     block_id: int | None = None
@@ -293,7 +294,10 @@ class PrefixCache:
             if block.ref_count == 0:
                 self.block_manager.journal.keep(block)
                 del self._prefix_cache[h]
+                self._trace("forget", None, None, h, block_id=block.block_id)
                 block.forget_identity()
+        if not self._prefix_cache:
+            self._trace("clear", None, None, None)  # cache events: vLLM's AllBlocksCleared
         return not self._prefix_cache
 
     @property

@@ -283,6 +283,8 @@ def run_hashing(ctx: BenchContext) -> list[dict]:
                                     ctx.device) for strategy in ("recompute", "incremental")]
     if args.peer_set & {HF_BATCH, HF_PADDED}:
         rows.append(hashing.bench_hash_hf(ctx.model_dir, tokens, s.hash_reps))
+    log("block hash algorithms (model-free, empty cache):\n"
+        + hashing.algo_table(hashing.bench_hash_algos(tokens, s.hash_reps)))
     return rows
 
 

@@ -3,6 +3,11 @@
 Three cases on one long prompt, block 16, each the median of many lookups:
 cold = the first lookup of a fresh request whose whole prefix is cached; re-lookup = the same
 request looked up again (an admission retry); empty cache = a first lookup with nothing cached.
+
+And the block hash algorithms (``prefix_caching_hash_algo``; ``python -m benchmarks.hashing``):
+µs per chained block hash, and per prompt the first lookup (the chain) and a re-lookup of the
+same Sequence under both strategies -- what the chapter's incremental chain saves grows with
+the price of one hash.
 """
 from __future__ import annotations
 
@@ -135,3 +140,81 @@ def bench_hash_hf(model_dir: str, tokens: list[int], reps: int) -> dict:
     return dict(system="HF match_prefix_blocks (blake2b)", cold_us=cold_us, cold_hashes=hashes,
                 cold_hit_blocks=len(match()), relookup_us=cold_us, relookup_hashes=hashes,
                 empty_cache_us=empty_us, empty_cache_hashes=empty_hashes)
+
+
+# ----------------------------------------------------------------------------- the algorithms
+
+ALGOS = ("xxh3_64", "sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
+
+
+def hash_fn_of(algo: str):
+    """The prefix cache's hash function for one algorithm (xxh3_64: the engine's own chain)."""
+    import xxhash
+
+    from vllm_api.block_hash import VllmBlockHash
+    return xxhash.xxh3_64_intdigest if algo == "xxh3_64" else VllmBlockHash(algo)
+
+
+def per_block_us(fn, blocks: list[bytes], reps: int) -> float:
+    """Median µs of one chained block hash (each run hashes every block once, chained)."""
+    def chain():
+        parent = 0
+        for data in blocks:
+            parent = fn(data, parent)
+    return median_us(chain, reps) / len(blocks)
+
+
+def lookup_us(fn, tokens: list[int], strategy: str, reps: int) -> tuple[float, float]:
+    """Median µs of a first lookup (a new Sequence: its whole chain) and of a re-lookup of the
+    same Sequence, model-free, cache empty (so each lookup stops at its first probe: what is
+    left is hashing), with ``strategy`` and hash ``fn``."""
+    from block_manager import BlockManager
+    from prefix_cache import PrefixCache
+    from scheduler import Sequence
+
+    arr = np.asarray(tokens, dtype=np.int64)
+    cache = PrefixCache(BlockManager(num_blocks=len(tokens) // BLOCK + 2, block_size=BLOCK),
+                        strategy, fn)
+    cold = median_us(lambda: cache.lookup(Sequence(arr, 1)), reps)
+    seq = Sequence(arr, 1)
+    cache.lookup(seq)
+    return cold, median_us(lambda: cache.lookup(seq), reps)
+
+
+def bench_hash_algos(tokens: list[int], reps: int) -> list[dict]:
+    """Per algorithm: µs per block, and per prompt cold / re-lookup under both strategies."""
+    blocks = [np.asarray(tokens[i:i + BLOCK], dtype=np.int64).tobytes()
+              for i in range(0, len(tokens) - BLOCK + 1, BLOCK)]
+    rows = []
+    for algo in ALGOS:
+        fn = hash_fn_of(algo)
+        row = dict(algo=algo, blocks=len(blocks), block_us=per_block_us(fn, blocks, reps))
+        for strategy in ("incremental", "recompute"):
+            row[f"{strategy}_cold_us"], row[f"{strategy}_relookup_us"] = lookup_us(
+                fn, tokens, strategy, reps)
+        rows.append(row)
+    return rows
+
+
+def algo_table(rows: list[dict]) -> str:
+    lines = [f"| algorithm | µs per block | {rows[0]['blocks']}-block prompt, first lookup (its chain) | "
+             "same Sequence again, incremental | same Sequence again, recompute |",
+             "|---|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['algo']} | {r['block_us']:.2f} | {r['incremental_cold_us']:.0f} | "
+                     f"{r['incremental_relookup_us']:.0f} | {r['recompute_relookup_us']:.0f} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="block hash algorithms: cost per block and "
+                                                 "per prompt, incremental vs recompute")
+    parser.add_argument("--prompt", type=int, default=4096, help="prompt tokens")
+    parser.add_argument("--reps", type=int, default=50)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    prompt = np.random.default_rng(4).integers(3, 30000, args.prompt).tolist()
+    print(f"{args.prompt}-token prompt, block {BLOCK}, median of {args.reps}, one thread")
+    print(algo_table(bench_hash_algos(prompt, args.reps)))

@@ -31,7 +31,7 @@ from core.requests import OutputSink, RequestState
 from core.sampler import Sampler
 from core.submit import Limits, Request, make_request
 from model import CausalLM
-from prefix_cache import PrefixCache
+from prefix_cache import HashFn, PrefixCache
 from scheduler import Scheduler, SchedulerConfig
 
 
@@ -56,13 +56,17 @@ class EngineCore:
               enable_prefix_caching: bool = True, hash_strategy: str = "incremental",
               backend: Backend | None = None, tokenizer=None, eos_token_ids=(),
               max_model_len: int | None = None, seed: int | None = 0,
-              logprobs_mode: str = "raw_logprobs", max_logprobs: int = 20) -> EngineCore:
-        """Every part, from the model and plain settings (``backend`` None: the plain path)."""
+              logprobs_mode: str = "raw_logprobs", max_logprobs: int = 20,
+              hash_fn: HashFn | None = None) -> EngineCore:
+        """Every part, from the model and plain settings (``backend`` None: the plain path;
+        ``hash_fn`` None: the chapter's xxh3_64 chain)."""
         cfg, backend = model.config, backend or Backend(model)
         kv = KVCachePool(cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim,
                          model.dtype, model.device, zeros=backend.kv_zeros)
         block_manager = BlockManager(num_blocks, block_size)
         cache = PrefixCache(block_manager, hash_strategy) if enable_prefix_caching else None
+        if cache is not None and hash_fn is not None:
+            cache.hash_fn = hash_fn
         scheduler = Scheduler(SchedulerConfig(max_num_seqs, max_num_batched_tokens), block_manager, cache)
         sampler = Sampler(model.device, seed, sorted(eos_token_ids), logprobs_mode=logprobs_mode)
         limits = Limits(cfg.vocab_size, max_model_len or cfg.max_position_embeddings, block_size,

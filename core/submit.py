@@ -16,7 +16,7 @@ import numpy as np
 
 from core.detokenizer import IncrementalDetokenizer
 from core.requests import OutputSink, RequestState, SequenceState
-from core.sampling_params import RequestOutputKind, SamplingParams
+from core.sampling_params import ParameterError, RequestOutputKind, SamplingParams
 from scheduler import Sequence
 
 DETOKENIZE_CONTEXT = 5  # prompt tokens the output text is decoded after (vLLM's offset)
@@ -47,15 +47,16 @@ def make_request(request: Request, limits: Limits, tokenizer, root_hash, sink: O
     """The records of one valid request, or a ValueError that names what is wrong.
     ``root_hash(cache_salt)``: the seed of its chain (the prefix cache's)."""
     ids = check_prompt_ids(request.prompt_token_ids, limits.vocab_size)
+    check_prompt_length(ids.size, limits.max_model_len)
     check_cache_salt(request.cache_salt)
     params = own_params(request.params, ids.size, limits, tokenizer)
-    check_fits(ids.size, params.max_tokens, limits)
+    budget = check_fits(ids.size, params.max_tokens, limits)
     state = RequestState(request.request_id, request.prompt, ids.tolist(), params,
                          request.output_kind or params.output_kind, sink)
     root = root_hash(request.cache_salt)
     for index, child in enumerate(child_params(params)):
         label = request.request_id if params.n == 1 else f"{index}_{request.request_id}"
-        seq = Sequence(ids, child.max_tokens, request_id=label, cache_salt=request.cache_salt,
+        seq = Sequence(ids, min(child.max_tokens, budget), request_id=label, cache_salt=request.cache_salt,
                        root_hash=root, reads_prefix_cache=child.reads_prefix_cache)
         detok = (IncrementalDetokenizer(tokenizer, child, ids[-DETOKENIZE_CONTEXT:])
                  if tokenizer is not None and child.detokenize else None)
@@ -73,12 +74,12 @@ def check_prompt_ids(token_ids, vocab_size: int) -> np.ndarray:
     if ids.size and (ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer)):
         raise ValueError(f"a prompt must be a flat list of integer token ids, got an array of "
                          f"shape {ids.shape} and dtype {ids.dtype}")
-    if ids.size == 0:
-        raise ValueError("empty prompt: a request needs at least one token")
+    if ids.size == 0:  # vLLM's words, here and below (its tests match on them)
+        raise ParameterError("The decoder prompt cannot be empty")
     out_of_range = (ids < 0) | (ids >= vocab_size)
     if out_of_range.any():
-        raise ValueError(f"token id {int(ids[out_of_range][0])} is out of range "
-                         f"for vocab size {vocab_size}")
+        raise ParameterError(f"Token id {int(ids[out_of_range][0])} is out of vocabulary "
+                             f"(vocab size {vocab_size})", parameter="prompt_token_ids")
     return ids.astype(np.int64)
 
 
@@ -103,10 +104,7 @@ def own_params(params: SamplingParams, num_prompt_tokens: int, limits: Limits, t
     own = params.clone()
     own.verify(limits.vocab_size, limits.max_logprobs, tokenizer)
     if own.max_tokens is None:
-        room = limits.max_model_len - num_prompt_tokens
-        if room < 1:
-            raise ValueError(f"prompt ({num_prompt_tokens} tokens) leaves no room to generate "
-                             f"within max_model_len {limits.max_model_len}")
+        room = limits.max_model_len - num_prompt_tokens  # >= 1: check_prompt_length ran first
         own.max_tokens = room
         if own.min_tokens > room:
             raise ValueError(f"min_tokens ({own.min_tokens}) exceeds the {room} tokens "
@@ -131,13 +129,32 @@ def child_params(params: SamplingParams) -> list[SamplingParams]:
     return children
 
 
-def check_fits(num_prompt_tokens: int, max_tokens: int, limits: Limits) -> None:
-    """Raise if a request could never run: longer than the model allows, or than the pool."""
-    total = num_prompt_tokens + max_tokens
-    if total > limits.max_model_len:
-        raise ValueError(f"prompt ({num_prompt_tokens} tokens) + max_tokens ({max_tokens}) "
-                         f"= {total} exceeds max_model_len {limits.max_model_len}")
+def check_prompt_length(num_prompt_tokens: int, max_model_len: int) -> None:
+    """A prompt must leave room for one generated token within ``max_model_len``; vLLM's
+    messages, word for word (its tests match on them)."""
+    if num_prompt_tokens > max_model_len:
+        raise ParameterError(
+            f"This model's maximum context length is {max_model_len} tokens. However, your "
+            f"prompt contains {num_prompt_tokens} input tokens, which exceeds this limit even "
+            f"without any output tokens. Please reduce the length of the input prompt.",
+            parameter="input_tokens", value=num_prompt_tokens)
+    if num_prompt_tokens == max_model_len:
+        raise ParameterError(
+            f"The decoder prompt (length {num_prompt_tokens}) plus the number of requested "
+            f"output tokens (at least 1) is longer than the maximum model length of "
+            f"{max_model_len}. Make sure that `max_model_len` is no smaller than the number of "
+            f"text tokens (prompt + requested output tokens).",
+            parameter="prompt", value=num_prompt_tokens)
+
+
+def check_fits(num_prompt_tokens: int, max_tokens: int, limits: Limits) -> int:
+    """How many tokens the request may generate: ``max_tokens``, capped at what
+    ``max_model_len`` leaves after the prompt (vLLM runs such a request and finishes it with
+    finish_reason "length" at the limit). Raises if even that could never fit the pool."""
+    budget = min(max_tokens, limits.max_model_len - num_prompt_tokens)
+    total = num_prompt_tokens + budget
     needed = -(-(total - 1) // limits.block_size)  # the last generated token needs no K/V slot
     if needed > limits.num_blocks:
         raise ValueError(f"request needs {needed} KV blocks (prompt + max_tokens = {total} "
                          f"tokens) but the whole pool has {limits.num_blocks}; raise num_kv_blocks")
+    return budget

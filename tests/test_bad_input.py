@@ -9,7 +9,7 @@ import signal
 import pytest
 import torch
 
-from engine import SamplingParams
+from engine import SamplingParams, VLLMValidationError
 from helpers import VOCAB_SIZE, GreedyReference, assert_no_leak, greedy, make_llm, random_prompt
 
 
@@ -43,8 +43,8 @@ def _still_works(llm, model_dir):
 
 # ------------------------------------------------------------------- prompts
 
-def test_empty_prompt(llm):
-    with pytest.raises(ValueError, match="(?i)empty"):
+def test_empty_prompt(llm):  # vLLM's tests/entrypoints/llm/test_prompt_validation.py
+    with pytest.raises(ValueError, match="decoder prompt cannot be empty"):
         llm.generate([[]], greedy(4), use_tqdm=False)
     with pytest.raises(ValueError, match="(?i)empty"):
         llm.add_request([], greedy(4))
@@ -53,24 +53,39 @@ def test_empty_prompt(llm):
 
 @pytest.mark.parametrize("bad_id", [-1, VOCAB_SIZE, VOCAB_SIZE + 100])
 def test_token_id_out_of_vocab(llm, bad_id):
-    with pytest.raises(ValueError, match="(?i)vocab"):
+    with pytest.raises(ValueError, match="out of vocabulary"):
         llm.generate([[5, 6, bad_id, 7]], greedy(4), use_tqdm=False)
     assert_no_leak(llm)
 
 
 def test_text_prompt_without_tokenizer(llm):
-    with pytest.raises(ValueError, match="(?i)tokenizer"):
+    with pytest.raises(ValueError, match="cannot pass text prompts when `skip_tokenizer_init=True`"):
         llm.generate(["hello world"], greedy(4), use_tqdm=False)
 
 
-def test_prompt_plus_max_tokens_exceeds_max_model_len(llm):
-    # max_model_len=128: 120 + 9 > 128 must fail, 120 + 8 fits
-    with pytest.raises(ValueError, match="max_model_len"):
-        llm.generate([random_prompt(120, 1)], greedy(9), use_tqdm=False)
-    with pytest.raises(ValueError, match="max_model_len"):
+def test_skip_tokenizer_init_as_vllms_test(tokenizer_ckpt):
+    """vLLM's tests/entrypoints/llm test of skip_tokenizer_init, with only the model changed."""
+    llm = make_llm(tokenizer_ckpt, skip_tokenizer_init=True)
+    sampling_params = SamplingParams(prompt_logprobs=True, detokenize=True)
+    with pytest.raises(ValueError, match="cannot pass text prompts when"):
+        llm.generate("abc", sampling_params)
+    outputs = llm.generate({"prompt_token_ids": [1, 2, 3]}, sampling_params=sampling_params)
+    completions = outputs[0].outputs
+    assert completions[0].text == "" and len(completions[0].token_ids) > 0
+
+
+def test_max_model_len_caps_a_request_as_vllm_does(llm):
+    # max_model_len=128: 120 + 32 runs, stopped at the limit with "length" (vLLM's V1 scheduler)
+    (out,) = llm.generate([random_prompt(120, 1)], SamplingParams(temperature=0.0, max_tokens=32,
+                                                                  ignore_eos=True), use_tqdm=False)
+    assert len(out.token_ids) == 8 and out.outputs[0].finish_reason == "length"
+    with pytest.raises(VLLMValidationError, match=r"^This model's maximum context length is 128 "
+                       r"tokens\. However, your prompt contains 200 input tokens, which exceeds"):
         llm.generate([random_prompt(200, 1)], greedy(1), use_tqdm=False)
-    (out,) = llm.generate([random_prompt(120, 1)], greedy(8), use_tqdm=False)
-    assert len(out.token_ids) == 8
+    with pytest.raises(VLLMValidationError, match=r"^The decoder prompt \(length 128\) plus the "
+                       r"number of requested output tokens \(at least 1\) is longer than the "
+                       r"maximum model length of 128\."):
+        llm.generate([random_prompt(128, 1)], greedy(1), use_tqdm=False)
     assert_no_leak(llm)
 
 

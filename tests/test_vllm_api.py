@@ -132,7 +132,7 @@ def test_request_options_this_engine_lacks_are_refused(llama_dir):
         llm.generate([random_prompt(5, 1)], greedy(2), use_tqdm=False, lora_request=object())
     with pytest.raises(ValueError, match="priority"):
         llm.generate([random_prompt(5, 1)], greedy(2), use_tqdm=False, priority=[1])
-    with pytest.raises(ValueError, match="beam search"):
+    with pytest.raises(TypeError, match="params must be BeamSearchParams"):
         llm.beam_search([random_prompt(5, 1)], None)
     with pytest.raises(ValueError, match="pooling"):
         llm.embed(["x"])

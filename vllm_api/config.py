@@ -10,13 +10,17 @@ here, so a wrong path fails at start-up naming it instead of being silently igno
 from __future__ import annotations
 
 from dataclasses import MISSING, dataclass, field, fields
+from typing import get_args
 
 from vllm_api.checkpoint_files import check_generation_config_dir, check_tokenizer_dir, read_template
 from prefix_cache import HASH_STRATEGIES
+from vllm_api.block_hash import HASH_ALGOS
+from vllm_api.type_aliases import LogprobsMode
 
 # What logprobs are of (vLLM's logprobs_mode): the raw model output, or what sampling drew
 # from after penalties, bias, temperature, min_p, top-k and top-p; as logprobs or logits.
-LOGPROBS_MODES = ("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits")
+LOGPROBS_MODES = get_args(LogprobsMode)
+LOAD_FORMATS = ("auto", "safetensors", "dummy")
 NONE_IS_A_SETTING = {"seed"}  # fields whose None means something other than the default
 
 
@@ -45,6 +49,10 @@ class EngineConfig:
     generation_config: str = "auto"         # "auto" (the model's), "vllm" (none), or a dir
     override_generation_config: dict = field(default_factory=dict)
     profiler_config: object = None          # ProfilerConfig / dict: where start_profile writes
+    prefix_caching_hash_algo: str | None = None  # vLLM's block hash (block_hash.py); None: xxh3_64
+    kv_events_config: object = None         # KVEventsConfig / dict: publish cache events (kv_events.py)
+    hf_overrides: object = None             # dict or callable applied to the HF config (loading.py)
+    load_format: str = "auto"               # "auto" / "safetensors": the weights; "dummy": random
 
     def __post_init__(self) -> None:
         self._fill_defaults_for_none()
@@ -74,6 +82,17 @@ class EngineConfig:
                              f"{self.logprobs_mode!r}")
         if not isinstance(self.override_generation_config, dict):
             raise ValueError("override_generation_config must be a dict")
+        if self.prefix_caching_hash_algo is not None and self.prefix_caching_hash_algo not in HASH_ALGOS:
+            raise ValueError(f"prefix_caching_hash_algo must be one of {', '.join(HASH_ALGOS)}, "
+                             f"got {self.prefix_caching_hash_algo!r}")
+        if self.load_format not in LOAD_FORMATS:
+            raise ValueError(f"load_format={self.load_format!r} is not supported: weights load "
+                             f"from *.safetensors, or are random with 'dummy' (accepted: "
+                             f"{', '.join(LOAD_FORMATS)})")
+        if self.hf_overrides is not None and not (isinstance(self.hf_overrides, dict)
+                                                  or callable(self.hf_overrides)):
+            raise ValueError(f"hf_overrides must be a dict or a callable taking and returning "
+                             f"the Hugging Face config, got {type(self.hf_overrides).__name__}")
         self._check_side_files()
 
     def _fill_defaults_for_none(self) -> None:

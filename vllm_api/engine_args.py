@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 from dataclasses import dataclass
 
 from pathlib import Path
@@ -77,11 +78,8 @@ NEUTRAL = {
     "enable_chunked_prefill": Neutral("prefill is always chunked to max_num_batched_tokens"),
     "async_scheduling": Neutral("steps run synchronously; results are the same"),
     "stream_interval": Neutral("LLMEngine.step returns every step's output"),
-    "prefix_caching_hash_algo": Neutral("blocks are always hashed with xxhash3 and verified "
-                                        "against their token ids"),
     "tokenizer_mode": Neutral("the tokenizer loads with transformers' AutoTokenizer",
                               ("auto", "hf", "slow")),
-    "load_format": Neutral("weights load from *.safetensors", ("auto", "safetensors")),
     "kv_cache_dtype": Neutral("the KV cache has the model's dtype", ("auto",)),
     "scheduling_policy": Neutral("requests are scheduled first come, first served", ("fcfs",)),
     "runner": Neutral("the engine generates text", ("auto", "generate")),
@@ -127,7 +125,6 @@ UNSUPPORTED = {
     "cpu_offload_gb": Unsupported("weight offloading is not supported", (None, 0)),
     "enable_expert_parallel": Unsupported("mixture-of-experts models are not supported",
                                           (None, False)),
-    "hf_overrides": Unsupported("config overrides are not supported; edit config.json"),
     "logits_processors": Unsupported("custom logits processors are not supported"),
     "kv_transfer_config": Unsupported("KV transfer between engines is not supported"),
     "limit_mm_per_prompt": Unsupported("multimodal inputs are not supported"),
@@ -202,10 +199,12 @@ class EngineArgs:
         parser.add_argument("--model", default=DEMO_MODEL,
                             help="local Hugging Face checkpoint dir (default: the demo model)")
         for name, spec in EngineConfig.__dataclass_fields__.items():
-            if spec.default is dataclasses.MISSING or spec.type == "object":
-                continue  # a dict or config object (override_generation_config): Python only
+            if spec.default is dataclasses.MISSING:
+                continue  # override_generation_config: a dict, Python only
             flag, kind = _flag(name), _cli_type(str(spec.type))
-            if kind is bool:
+            if spec.type == "object":  # a config or a dict: JSON on the command line, as vLLM
+                parser.add_argument(flag, type=json.loads, default=spec.default)
+            elif kind is bool:
                 parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=spec.default)
             else:
                 parser.add_argument(flag, type=kind, default=spec.default)
@@ -224,8 +223,7 @@ class EngineArgs:
 
 
 class AsyncEngineArgs(EngineArgs):
-    """vLLM's ``AsyncEngineArgs``: the same arguments (this engine has no async front end;
-    ``AsyncLLMEngine`` refuses to start)."""
+    """vLLM's ``AsyncEngineArgs``: the same arguments, for ``AsyncLLM.from_engine_args``."""
 
 
 def _flag(name: str) -> str:

@@ -19,7 +19,7 @@ import torch
 
 from core.sampling_params import SamplingParams
 from core.submit import check_prompt_ids
-from vllm_api.beam import BEAM_SEARCH_REASON, BeamSearchParams
+from vllm_api.beam import BeamSearchParams
 from vllm_api.errors import refuse
 from vllm_api.pooling import POOLING_REASON, PoolingParams
 
@@ -118,9 +118,9 @@ def parse_prompt(prompt, tokenizer, vocab_size: int, add_special_tokens: bool = 
         prompt = prompt["prompt_token_ids"] if "prompt_token_ids" in prompt else prompt["prompt"]
     if isinstance(prompt, str):
         if tokenizer is None:
-            raise ValueError("a text prompt needs a tokenizer, but the engine has none (the "
-                             "checkpoint has no tokenizer files, or skip_tokenizer_init=True); "
-                             "pass token ids instead (TokensPrompt)")
+            raise ValueError("You cannot pass text prompts when `skip_tokenizer_init=True` "
+                             "(vLLM's words; here also when the checkpoint has no tokenizer "
+                             "files): pass token ids instead (TokensPrompt)")
         prompt = tokenizer(prompt, add_special_tokens=add_special_tokens)["input_ids"]
     return ParsedPrompt(_as_token_ids(prompt, vocab_size), text, salt)
 
@@ -148,7 +148,8 @@ def check_params_type(params) -> None:
     if isinstance(params, PoolingParams):
         refuse("pooling", f"PoolingParams given as sampling_params: {POOLING_REASON}")
     if isinstance(params, BeamSearchParams):
-        refuse("beam search", f"BeamSearchParams given as sampling_params: {BEAM_SEARCH_REASON}")
+        refuse("beam search through generate()", "BeamSearchParams given as sampling_params; "
+                                                  "call LLM.beam_search(prompts, params)")
     if not isinstance(params, SamplingParams):
         raise TypeError(f"sampling_params must be SamplingParams, got {type(params).__name__}")
 

@@ -15,7 +15,7 @@ from core.outputs import RequestOutput
 from core.requests import OutputSink
 from core.sampling_params import RequestOutputKind
 from prefix_cache import PrefixCache
-from vllm_api.beam import BEAM_SEARCH_REASON
+from vllm_api.beam_search import beam_search
 from vllm_api.checkpoint_files import read_template, render_chat
 from vllm_api.errors import refuse
 from vllm_api.intake import reject_unsupported
@@ -132,10 +132,13 @@ class LLM(LLMExtras):
     def get_default_sampling_params(self) -> SamplingParams:
         return self.llm_engine.get_default_sampling_params()
 
-    # vLLM answers a call its model cannot serve with ValueError; so does this engine.
-    def beam_search(self, *args, **kwargs):
-        refuse("beam search", BEAM_SEARCH_REASON)
+    def beam_search(self, prompts, params, lora_request=None, use_tqdm: bool = False,
+                    concurrency_limit: int | None = None):
+        """vLLM's beam search, built on ``generate`` (beam.py); its beams share their prefix
+        through the prefix cache."""
+        return beam_search(self, prompts, params, lora_request, use_tqdm, concurrency_limit)
 
+    # vLLM answers a call its model cannot serve with ValueError; so does this engine.
     def encode(self, *args, **kwargs):
         refuse("pooling (encode / embed / classify / score)", POOLING_REASON)
 

@@ -21,12 +21,14 @@ from core.sampling_params import RequestOutputKind
 from core.submit import Request
 from fast.backend import FastBackend
 from fast.tuning import CpuTuning
-from model import load_model
 from vllm_api.checkpoint_files import eos_token_ids, generation_config, load_tokenizer
 from vllm_api.config import EngineConfig
 from vllm_api.engine_args import translate_engine_args
 from vllm_api.intake import check_params_type, parse_prompt, reject_unsupported
 from vllm_api.kv_sizing import num_kv_blocks, resolve_max_model_len
+from vllm_api.loading import load_checkpoint
+from vllm_api.kv_events import build_stream
+from vllm_api.block_hash import hash_fn_for
 from vllm_api.llm_extras import LLMExtras
 from vllm_api.sampling_params import SamplingParams
 
@@ -43,13 +45,16 @@ class LLMEngine(LLMExtras):
                                                            EngineConfig.__dataclass_fields__))
         self.device = torch.device(self.config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.model_path = Path(model)
-        loaded = load_model(model, self.config.dtype, self.device)
+        loaded = load_checkpoint(self.model_path, self.config.dtype, self.device,
+                                 self.config.hf_overrides, self.config.load_format, self.config.seed)
         self.tokenizer = (None if self.config.skip_tokenizer_init
                           else load_tokenizer(Path(self.config.tokenizer or model)))
         self.generation_config = generation_config(self.model_path, self.config.generation_config,
                                                    self.config.override_generation_config)
         self.eos_token_ids = set(eos_token_ids(self.model_path, loaded.config))
         self.engine_core = self._build_core(loaded)
+        self.kv_events = build_stream(self.config.kv_events_config, self.prefix_cache,
+                                      self.config.block_size)  # None unless enabled
         self._auto_ids = itertools.count()
 
     def _build_core(self, model) -> EngineCore:
@@ -62,7 +67,8 @@ class LLMEngine(LLMExtras):
             enable_prefix_caching=cfg.enable_prefix_caching, hash_strategy=cfg.hash_strategy,
             backend=self._backend(model), tokenizer=self.tokenizer,
             eos_token_ids=self.eos_token_ids, max_model_len=max_model_len, seed=cfg.seed,
-            logprobs_mode=cfg.logprobs_mode, max_logprobs=cfg.max_logprobs)
+            logprobs_mode=cfg.logprobs_mode, max_logprobs=cfg.max_logprobs,
+            hash_fn=hash_fn_for(cfg.prefix_caching_hash_algo))
 
     def _backend(self, model) -> Backend:
         """The fast layer's backend and, on CPU, its process tuning; or the plain path."""
@@ -120,10 +126,21 @@ class LLMEngine(LLMExtras):
     def step(self) -> list[RequestOutput]:
         """One step; the outputs of ``add_request``'s requests (per their ``output_kind``),
         including any produced while a ``generate()`` call was stepping."""
-        return self.engine_core.step()
+        try:
+            return self.engine_core.step()
+        finally:
+            self.flush_kv_events()
 
     def run_until_finished(self, sink: OutputSink, num_requests: int) -> None:
-        self.engine_core.run_until_finished(sink, num_requests)
+        try:
+            self.engine_core.run_until_finished(sink, num_requests)
+        finally:
+            self.flush_kv_events()
+
+    def flush_kv_events(self) -> None:
+        """Publish the cache events since the last flush as one batch (kv_events.py)."""
+        if self.kv_events is not None:
+            self.kv_events.flush()
 
     # ------------------------------------------------------------------ requests
 
@@ -200,11 +217,19 @@ class LLMEngine(LLMExtras):
         return SamplingParams(**found)
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
-        return self.engine_core.reset_prefix_cache(reset_running_requests)
+        try:
+            return self.engine_core.reset_prefix_cache(reset_running_requests)
+        finally:
+            self.flush_kv_events()
 
     def shutdown(self) -> None:
-        """Abort every request still in the engine (vLLM's tests call it in clean-up)."""
+        """Abort every request still in the engine (vLLM's tests call it in clean-up); close
+        the KV event publisher."""
         self.engine_core.shutdown()
+        self.flush_kv_events()
+        publisher = getattr(self.kv_events, "publisher", None)
+        if publisher is not None:
+            publisher.shutdown()
 
     def stats(self) -> dict:
         return self.engine_core.stats()

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from vllm_api.errors import refuse
 from vllm_api.metrics import Metric, metrics_from_stats
+from vllm_api.worker import Worker, run_on_worker
 
 PROFILE_DIR_ENV = "VLLM_TORCH_PROFILER_DIR"
 DEFAULT_PROFILE_DIR = "vllm_profile"
@@ -83,11 +84,11 @@ class LLMExtras:
         return [func(self.model)]
 
     def collective_rpc(self, method, timeout=None, args=(), kwargs=None) -> list:
-        """vLLM's ``collective_rpc`` on the one in-process worker: ``method`` is a callable
-        taking the LLM first, or the name of an LLM method."""
-        target = getattr(self, method) if isinstance(method, str) else (
-            lambda *a, **k: method(self, *a, **k))
-        return [target(*args, **(kwargs or {}))]
+        """vLLM's ``collective_rpc`` on the one in-process worker (worker.py): ``method`` is a
+        callable taking the worker first (``self.rank``, ``self.model_runner``...), or the
+        name of a worker method."""
+        engine = getattr(self, "llm_engine", self)
+        return run_on_worker(Worker(engine), method, args, kwargs)
 
     def reset_mm_cache(self) -> None:
         """Nothing to reset: no multimodal inputs."""

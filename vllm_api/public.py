@@ -6,7 +6,19 @@ docs/vllm_api.md says, name by name, what is implemented, neutral, or refused at
 """
 from __future__ import annotations
 
-from vllm_api.beam import BeamSearchParams
+from vllm_api.async_llm import AsyncLLM, AsyncLLMEngine
+from vllm_api.beam import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
+from vllm_api.kv_events import (
+    MEDIUM_GPU,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventBatch,
+    KVCacheEvent,
+    KVEventBatch,
+    KVEventsConfig,
+)
+from vllm_api.kv_events_zmq import ZmqEventPublisher
 from vllm_api.engine_args import AsyncEngineArgs, EngineArgs
 from vllm_api.errors import UnsupportedFeatureError, VLLMValidationError
 from vllm_api.intake import (
@@ -37,7 +49,6 @@ from vllm_api.pooling import (
     ScoringRequestOutput,
 )
 from vllm_api.refused_engines import (
-    AsyncLLMEngine,
     FlexibleArgumentParser,
     ModelRegistry,
     initialize_ray_cluster,
@@ -49,6 +60,18 @@ from vllm_api.sampling_params import (
     SamplingType,
 )
 from vllm_api.structured import GuidedDecodingParams, StructuredOutputsParams
+from vllm_api.type_aliases import (
+    ConvertOption,
+    HfOverrides,
+    LogprobsMode,
+    LogprobsOnePosition,
+    ModelDType,
+    PromptLogprobs,
+    RunnerOption,
+    SampleLogprobs,
+    TokenizerMode,
+    random_uuid,
+)
 from vllm_api.vllm_config import (
     CompilationConfig,
     CompilationMode,
@@ -80,6 +103,18 @@ __all__ = [
     # vllm.config
     "CompilationConfig", "CompilationMode", "CUDAGraphMode", "KVTransferConfig",
     "PoolerConfig", "ProfilerConfig", "SpeculativeConfig", "StructuredOutputsConfig",
+    "KVEventsConfig",
+    # vllm.config.model
+    "LogprobsMode", "ModelDType", "TokenizerMode", "RunnerOption", "ConvertOption", "HfOverrides",
+    # vllm.logprobs
+    "LogprobsOnePosition", "SampleLogprobs", "PromptLogprobs",
+    # vllm.v1.engine.async_llm, vllm.utils
+    "AsyncLLM", "random_uuid",
+    # vllm.distributed.kv_events
+    "BlockStored", "BlockRemoved", "AllBlocksCleared", "KVCacheEvent", "KVEventBatch",
+    "EventBatch", "ZmqEventPublisher", "MEDIUM_GPU",
+    # vllm.entrypoints.generate.beam_search.utils
+    "BeamSearchOutput", "BeamSearchSequence",
     # vllm.v1.metrics.reader, vllm.utils.argparse_utils, vllm.exceptions
     "Counter", "Gauge", "Histogram", "Metric", "Vector", "FlexibleArgumentParser",
     "VLLMValidationError", "UnsupportedFeatureError",

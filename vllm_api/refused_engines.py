@@ -1,23 +1,10 @@
-"""vLLM's top-level names for parts this engine does not have: the async front end, the
-model registry and Ray clusters. They import; using them raises, naming the feature."""
+"""vLLM's top-level names for parts this engine does not have: the model registry and Ray
+clusters (and vLLM's argument parser). They import; using them raises, naming the feature."""
 from __future__ import annotations
 
 import argparse
 
 from vllm_api.errors import refuse
-
-
-class AsyncLLMEngine:
-    """vLLM's asyncio engine: refused (this engine's loop is synchronous; use ``LLM`` or
-    ``LLMEngine``, whose ``add_request`` / ``abort_request`` are safe from other threads
-    once the engine's owner makes them so)."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        refuse("the async engine (AsyncLLMEngine)", "use LLM or LLMEngine")
-
-    @classmethod
-    def from_engine_args(cls, *args, **kwargs) -> "AsyncLLMEngine":
-        return cls()
 
 
 class ModelRegistry:

@@ -1,0 +1,92 @@
+"""The model as vLLM's engine arguments shape it: ``hf_overrides`` and ``load_format``.
+
+* ``hf_overrides``: a dict of Hugging Face config fields (a nested dict updates a sub-config or
+  a dict field such as ``rope_parameters``), or a callable that takes the config and returns
+  it, applied before the model is built -- vLLM's context-extension example sets rope scaling
+  and ``max_position_embeddings`` so; its tests shrink ``num_hidden_layers``.
+* ``load_format="dummy"``: random weights of the checkpoint's shapes, from its config.json
+  alone (no weight file is read), seeded by the engine's seed -- what vLLM's own tests and
+  benchmarks use.
+
+Without either, this is ``model.load_model``. With overrides and real weights, the checkpoint
+loads as saved, and its tensors move, without a copy, into a model built from the overridden
+config: a weight the new shape does not use (a dropped layer) is left out, and one it lacks
+or whose shape changed is an error naming it.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from model import CausalLM, ModelConfig, RotaryEmbedding, load_model, resolve_dtype
+
+
+def load_checkpoint(path: Path, dtype, device: torch.device, hf_overrides=None,
+                    load_format: str = "auto", seed: int | None = 0) -> CausalLM:
+    """The model of the checkpoint at ``path``, as the engine arguments ask."""
+    if hf_overrides is None and load_format != "dummy":
+        return load_model(path, dtype, device)
+    hf_config = overridden_config(path, hf_overrides)
+    torch_dtype = resolve_dtype(dtype, hf_config, device)
+    if load_format == "dummy":
+        return dummy_model(ModelConfig.from_hf(hf_config), torch_dtype, device, seed)
+    return rebuild(load_model(path, dtype, device), ModelConfig.from_hf(hf_config))
+
+
+def overridden_config(path: Path, hf_overrides):
+    """The checkpoint's Hugging Face config with ``hf_overrides`` applied."""
+    from transformers import AutoConfig
+
+    if not (Path(path) / "config.json").is_file():
+        raise FileNotFoundError(f"checkpoint directory {str(path)!r} has no config.json")
+    hf_config = AutoConfig.from_pretrained(path)
+    if callable(hf_overrides):
+        hf_config = hf_overrides(hf_config)
+    elif hf_overrides:
+        apply_dict_overrides(hf_config, hf_overrides)
+    return hf_config
+
+
+def apply_dict_overrides(target, overrides: dict) -> None:
+    """Set each field; a dict given for a sub-config or a dict field updates it in place."""
+    for name, value in overrides.items():
+        current = getattr(target, name, None)
+        if isinstance(value, dict) and isinstance(current, dict):
+            current.update(value)
+        elif isinstance(value, dict) and hasattr(current, "to_dict"):
+            apply_dict_overrides(current, value)
+        else:
+            setattr(target, name, value)
+
+
+def dummy_model(cfg: ModelConfig, dtype: torch.dtype, device: torch.device,
+                seed: int | None) -> CausalLM:
+    """Random weights: matrices ~ N(0, 0.02), norm weights 1 (a usable random model)."""
+    generator = torch.Generator().manual_seed(0 if seed is None else seed)
+    model = CausalLM(cfg)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.ndim == 1:
+                param.fill_(1.0 if "norm" in name else 0.0)
+            else:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def rebuild(loaded: CausalLM, cfg: ModelConfig) -> CausalLM:
+    """``loaded``'s tensors in a model built from ``cfg`` (assigned, not copied)."""
+    with torch.device("meta"):
+        model = CausalLM(cfg)
+    try:
+        missing, _unused = model.load_state_dict(loaded.state_dict(), strict=False, assign=True)
+    except RuntimeError as exc:
+        raise ValueError(f"hf_overrides change a weight's shape: {exc}") from None
+    if missing:
+        raise ValueError(f"hf_overrides need weights the checkpoint lacks: {', '.join(missing[:8])}")
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    # RoPE tables are buffers, not weights: built anew for the overridden positions and scaling.
+    model.rope = RotaryEmbedding(cfg.head_dim, cfg.rope_parameters,
+                                 cfg.max_position_embeddings).to(loaded.device)
+    return model.eval()
