@@ -101,3 +101,30 @@ def test_a_plain_zmq_subscriber_reads_vllms_frames(llama_dir):
     finally:
         sub.close()
         llm.llm_engine.shutdown()
+
+
+def test_a_step_rolled_back_publishes_nothing(llama_dir):
+    """A step that raises after its blocks were saved (the tokenizer-free decode of its tokens
+    done, a hook failing) is rolled back, and so are its events: what subscribers get is the
+    blocks of the steps that happened, each once."""
+    from invariants import engine_core
+
+    llm = make_llm(llama_dir, kv_events_config=NULL)
+    batches, prompt = subscribed(llm), random_prompt(40, 9)
+    process, failed = engine_core(llm).output_processor.process, []
+
+    def fail_once(result):
+        process(result)
+        if not failed:
+            failed.append(1)
+            raise RuntimeError("after the save")
+
+    engine_core(llm).output_processor.process = fail_once
+    llm.add_request(prompt, greedy(2))
+    with pytest.raises(RuntimeError, match="after the save"):
+        llm.step()
+    assert llm.prefix_cache.num_cached_blocks == 0 and not llm.llm_engine.kv_events.pending
+    while llm.has_unfinished_requests():
+        llm.step()
+    (stored,) = events_of(batches)
+    assert stored.block_hashes == list(llm.prefix_cache.entries)[:2]

@@ -105,9 +105,13 @@ def as_config(value) -> KVEventsConfig | None:
 
 class KVEventStream:
     """Turns one prefix cache's trace into vLLM's events; ``flush()`` hands the pending ones,
-    as one ``KVEventBatch``, to every subscriber."""
+    as one ``KVEventBatch``, to every subscriber. The pending events are kept in the engine's
+    journal: a step rolled back takes its events back with it, so none is ever published."""
+
+    _journal_skip = ("blocks", "lock", "subscribers", "journal")
 
     def __init__(self, prefix_cache, block_size: int) -> None:
+        self.journal = prefix_cache.block_manager.journal
         self.blocks = prefix_cache.block_manager.blocks
         self.block_size = block_size
         self.lock = threading.Lock()
@@ -128,6 +132,7 @@ class KVEventStream:
                    "clear": self._cleared}.get(event.kind)
         if handler is not None:
             with self.lock:
+                self.journal.keep(self)
                 handler(event)
 
     def _stored(self, event) -> None:
