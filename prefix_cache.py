@@ -10,7 +10,10 @@ lookups and saves reuse those hashes instead of rebuilding the chain.
 Read top to bottom; the chapter's names are kept verbatim (hence their leading underscores):
 
 1. ``_chain_hash``               one block's hash, seeded with its parent's
-2. ``_precompute_block_hashes``  extend a sequence's chain to all its full blocks, once each
+2. the chapter's change, both columns side by side: ``_chain_for_lookup`` and
+   ``_hash_for_save`` (the only places that ask which strategy runs), then
+   ``_precompute_block_hashes`` (extend a sequence's chain, each block once) and the
+   "before"'s ``_rebuild_chain`` / ``_rehash_block``
 3. ``_lookup_prefix_cache``      the longest verified cached prefix, and the in-flight rule
 4. ``mark_in_flight``            blocks an admitted sequence will compute, so others wait for them
 5. ``_do_prefill_step`` / ``_save_prefix_cache``  register each block a step filled
@@ -133,14 +136,32 @@ class PrefixCache:
         self.hash_computations += 1
         return self.hash_fn(tokens[start:end].tobytes(), prev_hash)
 
-    # ------------------------------------------------------------------ 2. the sequence's chain
+    # ------------------------------------------------------------------ 2. the chapter's change
+    # Everything that depends on ``hash_strategy`` is in this section, and only here
+    # (tests/test_prefix_cache.py keeps it so): where a lookup gets its chain, and where a
+    # save gets a block's hash. Then each column's own method: the chapter's, then the "before".
+
+    def _chain_for_lookup(self, seq: Sequence) -> list[int]:
+        """The chain a lookup probes with."""
+        if self.hash_strategy == "recompute":
+            return self._rebuild_chain(seq)      # the "before": every full block, every lookup
+        self._precompute_block_hashes(seq)       # the chapter: only blocks not hashed yet
+        return seq._block_hashes
+
+    def _hash_for_save(self, seq: Sequence, index: int, parent: Block | None) -> int:
+        """The hash ``seq``'s block ``index`` is saved under."""
+        if self.hash_strategy == "recompute":
+            return self._rehash_block(seq, index, parent)  # the "before": one more call
+        if index >= len(seq._block_hashes):  # completed during decode: hashed now, once
+            self._precompute_block_hashes(seq, HashSource.DECODE)
+        else:  # the chapter: the lookup already hashed it; read it, no call
+            self._trace("hash", seq, index, seq._block_hashes[index], source=HashSource.REUSED)
+        return seq._block_hashes[index]
 
     def _precompute_block_hashes(self, seq: Sequence, source: HashSource = HashSource.PRECOMPUTED) -> None:
-        """Extend ``seq._block_hashes`` to all its full blocks; a no-op when it is up to date.
-
-        Each block is hashed once per Sequence: a cold lookup hashes the prompt's N blocks,
-        a block completed during decode is hashed when it is saved, and nothing is ever rehashed.
-        """
+        """The chapter: extend ``seq._block_hashes`` to all its full blocks; a no-op when it is
+        up to date. So each block is hashed once per Sequence: a cold lookup hashes the
+        prompt's N blocks, a block completed during decode is hashed when it is saved."""
         bs, hashes, tokens = self.block_size, seq._block_hashes, seq.token_view()
         for start in range(len(hashes) * bs, seq.num_tokens - bs + 1, bs):
             parent = seq._prev_hash
@@ -148,7 +169,8 @@ class PrefixCache:
             self._trace("hash", seq, len(hashes) - 1, hashes[-1], parent, source=source)
 
     def _rebuild_chain(self, seq: Sequence) -> list[int]:
-        """The "before" column: hash every full block from scratch (N calls per lookup)."""
+        """The "before": hash every full block from the chain's seed (N calls per lookup).
+        Nothing is kept on the Sequence."""
         bs, tokens = self.block_size, seq.token_view()
         chain, prev = [], seq._root_hash
         for start in range(0, seq.num_tokens - bs + 1, bs):
@@ -157,22 +179,26 @@ class PrefixCache:
             self._trace("hash", seq, len(chain) - 1, prev, parent, source=HashSource.RECOMPUTED)
         return chain
 
+    def _rehash_block(self, seq: Sequence, index: int, parent: Block | None) -> int:
+        """The "before" at save: hash the block again, chained from its parent block's hash."""
+        bs = self.block_size
+        prev = parent.block_hash if parent is not None else seq._root_hash
+        h = self._chain_hash(seq.token_view(), prev, index * bs, (index + 1) * bs)
+        self._trace("hash", seq, index, h, prev, source=HashSource.RECOMPUTED_AT_SAVE)
+        return h
+
     # ------------------------------------------------------------------ 3. lookup
 
     def _lookup_prefix_cache(self, seq: Sequence) -> PrefixMatch:
         """Longest verified cached prefix of ``seq``, and whether its next block is in flight.
 
-        Incremental: the chain is precomputed once (a cold sequence) and then only read, so a
-        lookup is dict probes. Scans forward and stops at the first miss: the chain makes a
+        Incremental, the chain is precomputed once (a cold sequence) and then only read, so a
+        lookup is dict probes (``_chain_for_lookup``). Scans forward and stops at the first miss: the chain makes a
         later hit impossible. Each hit is checked against the block's tokens, parent and salt,
         so a hash collision costs a miss, never a wrong token. The last token is never served
         from cache, since its logits are needed.
         """
-        if self.hash_strategy == "recompute":
-            chain = self._rebuild_chain(seq)
-        else:
-            self._precompute_block_hashes(seq)
-            chain = seq._block_hashes
+        chain = self._chain_for_lookup(seq)
         max_blocks = min((seq.num_tokens - 1) // self.block_size, len(chain))
         blocks: list[Block] = []
         while len(blocks) < max_blocks:
@@ -260,21 +286,6 @@ class PrefixCache:
             self._trace("twin", seq, index, h, block_id=existing.block_id)
             return existing
         return None  # a hash collision: the first block keeps the entry, this one stays private
-
-    def _hash_for_save(self, seq: Sequence, index: int, parent: Block | None) -> int:
-        """The chapter's fix: reuse the hash the sequence already has (incremental), or hash
-        the block again chained from its parent block's hash (recompute, the "before")."""
-        if self.hash_strategy == "recompute":
-            bs = self.block_size
-            prev = parent.block_hash if parent is not None else seq._root_hash
-            h = self._chain_hash(seq.token_view(), prev, index * bs, (index + 1) * bs)
-            self._trace("hash", seq, index, h, prev, source=HashSource.RECOMPUTED_AT_SAVE)
-            return h
-        if index >= len(seq._block_hashes):  # completed during decode: hashed now, once
-            self._precompute_block_hashes(seq, HashSource.DECODE)
-        else:
-            self._trace("hash", seq, index, seq._block_hashes[index], source=HashSource.REUSED)
-        return seq._block_hashes[index]
 
     # ------------------------------------------------------------------ 6. eviction and reset
 

@@ -5,6 +5,8 @@ a pool large enough that nothing is evicted.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from engine import Sequence
@@ -302,3 +304,21 @@ def test_decode_attends_shared_prefix_once_for_the_batch(llama_dir, reference, m
     assert calls and max(calls) == 5
     reference.compare_all(prompts, outs, 12)
     assert_no_leak(llm)
+
+
+def test_the_strategy_is_asked_only_in_the_chapters_section():
+    """prefix_cache.py's section "2. the chapter's change" holds every line that depends on
+    ``hash_strategy`` (the README sends readers there to see the chapter's difference): outside
+    it, the constructor only validates and stores the choice."""
+    import prefix_cache
+    source = Path(prefix_cache.__file__).read_text().splitlines()
+    start = next(i for i, line in enumerate(source) if line.strip().endswith("2. the chapter's change"))
+    end = next(i for i, line in enumerate(source) if line.strip().endswith("3. lookup"))
+    asked = [i for i, line in enumerate(source) if "self.hash_strategy" in line]
+    inside = [i for i in asked if start < i < end]
+    outside = [source[i].strip() for i in asked if not start < i < end]
+    assert len(inside) == 2, inside  # _chain_for_lookup and _hash_for_save
+    assert outside == ["self.hash_strategy = hash_strategy"], outside
+    methods = [line.split("(")[0].split()[-1] for line in source[start:end] if line.strip().startswith("def ")]
+    assert methods == ["_chain_for_lookup", "_hash_for_save", "_precompute_block_hashes",
+                       "_rebuild_chain", "_rehash_block"], methods
