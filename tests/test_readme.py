@@ -8,6 +8,8 @@ import io
 import re
 from pathlib import Path
 
+import pytest
+
 from demo_output import chapter_counts
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -15,58 +17,70 @@ README = (ROOT / "README.md").read_text()
 QUICK_START = ("pip install -r requirements.txt && python run.py",
                "pip install -r requirements.txt && python -m pytest -q tests")
 # A reading-path row: | step | what | `file.py` (to `marker`) | lines |: the part of the file
-# before the first line holding the marker ("from": from that line to the end); none: all of it.
-ROW = re.compile(r"^\| *(\d+) *\|[^|]*\| *`([\w/]+\.py)`(?: \((to|from) `([^`]+)`\))? *\| *([\d,]+) *\|$",
-                 re.M)
+# before the first line holding the marker ("from": from that line to the end; "from `a` to
+# `b`": from the first line holding a to the next one holding b); none: all of it.
+ROW = re.compile(r"^\| *(\d+) *\|[^|]*\| *`([\w/]+\.py)`"
+                 r"(?: \((to|from) `([^`]+)`(?: to `([^`]+)`)?\))? *\| *([\d,]+) *\|$", re.M)
 TOTAL = re.compile(r"About ([\d,]+) lines in all")
 
 
-def section(title: str) -> str:
-    start = README.index(f"## {title}\n")
-    end = README.find("\n## ", start + 1)
-    return README[start:end if end != -1 else None]
+def section(title: str, text: str = README) -> str:
+    start = text.index(f"## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end != -1 else None]
 
 
 def lines_of(path: str) -> int:
     return len((ROOT / path).read_text().splitlines())
 
 
-def part_of(path: str, side: str, marker: str) -> int:
-    """Lines of ``path`` before (``to``) or from (``from``) the first line holding ``marker``
-    (``# --- x`` stands for a section rule ``# ------ x``)."""
-    lines = (ROOT / path).read_text().splitlines()
+def find(lines: list[str], marker: str, after: int = -1) -> int:
+    """The first line after ``after`` holding ``marker`` (``# --- x`` stands for a section
+    rule ``# ------ x``)."""
     rule = re.fullmatch(r"# --- (.+)", marker)
-    at = next(i for i, line in enumerate(lines)
-              if (re.search(rf"# -+ {re.escape(rule[1])}$", line) if rule else marker in line))
+    return next(i for i, line in enumerate(lines) if i > after
+                and (re.search(rf"# -+ {re.escape(rule[1])}$", line) if rule else marker in line))
+
+
+def part_of(path: str, side: str, marker: str, until: str = "") -> int:
+    lines = (ROOT / path).read_text().splitlines()
+    at = find(lines, marker)
+    if until:
+        return find(lines, until, at) - at
     return at if side == "to" else len(lines) - at
 
 
-def reading_path() -> list[tuple[int, str, int, int]]:
-    """(step, file, stated lines, actual lines) per row."""
+def reading_path(title: str, text: str = README) -> list[tuple[int, str, int, int]]:
+    """(step, file, stated lines, actual lines) per row of the path under ``title``."""
     rows = []
-    for step, path, side, marker, count in ROW.findall(section("Reading path")):
-        actual = part_of(path, side, marker) if side else lines_of(path)
+    for step, path, side, marker, until, count in ROW.findall(section(title, text)):
+        actual = part_of(path, side, marker, until) if side else lines_of(path)
         rows.append((int(step), path, int(count.replace(",", "")), actual))
     assert [row[0] for row in rows] == list(range(1, len(rows) + 1)), rows
     return rows
 
 
-def test_reading_path_files_exist_with_the_stated_line_counts():
-    rows = reading_path()
-    assert [path for _, path, _, _ in rows] == ["scheduler.py", "block_manager.py", "prefix_cache.py",
-                                               "scheduler.py", "core/engine_core.py", "model.py"]
+PATHS = {"The chapter path (about 15 minutes)": ["scheduler.py"] + ["prefix_cache.py"] * 4,
+         "The engine path (the second read)": ["scheduler.py", "block_manager.py", "prefix_cache.py",
+                                               "scheduler.py", "core/engine_core.py", "model.py"]}
+
+
+@pytest.mark.parametrize("title", PATHS)
+def test_paths_name_files_that_exist_with_the_stated_line_counts(title):
+    rows = reading_path(title)
+    assert [path for _, path, _, _ in rows] == PATHS[title]
     for _, path, stated, actual in rows:
         assert abs(actual - stated) <= 0.1 * actual, f"{path}: README says {stated} lines, it has {actual}"
+    total = sum(row[3] for row in rows)
+    stated = int(TOTAL.search(section(title))[1].replace(",", ""))
+    assert abs(total - stated) <= 0.1 * total, f"README says about {stated} lines, the parts have {total}"
 
 
-def test_reading_path_total_is_about_the_sum_of_its_parts():
-    actual = sum(row[3] for row in reading_path())
-    stated = int(TOTAL.search(section("Reading path"))[1].replace(",", ""))
-    assert abs(actual - stated) <= 0.1 * actual, f"README says about {stated} lines, the parts have {actual}"
-
-
-def test_reading_path_is_on_the_first_screen():
-    assert README.index("## Reading path") < README.index("About ") < len("\n".join(README.splitlines()[:50]))
+def test_the_chapter_path_is_on_the_first_screen_and_short():
+    first_screen = "\n".join(README.splitlines()[:50])
+    assert "## The chapter path" in first_screen and "About " in first_screen
+    assert sum(row[3] for row in reading_path("The chapter path (about 15 minutes)")) <= 200
+    assert README.index("## The chapter path") < README.index("## The engine path")
 
 
 def test_readme_is_short_and_starts_with_the_two_commands():
