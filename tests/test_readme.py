@@ -21,7 +21,7 @@ QUICK_START = ("pip install -r requirements.txt && python run.py",
 # `b`": from the first line holding a to the next one holding b); none: all of it.
 ROW = re.compile(r"^\| *(\d+) *\|[^|]*\| *`([\w/]+\.py)`"
                  r"(?: \((to|from) `([^`]+)`(?: to `([^`]+)`)?\))? *\| *([\d,]+) *\|$", re.M)
-TOTAL = re.compile(r"About ([\d,]+) lines in all")
+TOTAL = re.compile(r"(?:About ([\d,]+) lines in all|共约 ([\d,]+) 行)")
 
 
 def section(title: str, text: str = README) -> str:
@@ -60,6 +60,11 @@ def reading_path(title: str, text: str = README) -> list[tuple[int, str, int, in
     return rows
 
 
+def stated_total(text: str) -> int:
+    match = TOTAL.search(text)
+    return int((match[1] or match[2]).replace(",", ""))
+
+
 PATHS = {"The chapter path (about 15 minutes)": ["scheduler.py"] + ["prefix_cache.py"] * 4,
          "The engine path (the second read)": ["scheduler.py", "block_manager.py", "prefix_cache.py",
                                                "scheduler.py", "core/engine_core.py", "model.py"]}
@@ -72,7 +77,7 @@ def test_paths_name_files_that_exist_with_the_stated_line_counts(title):
     for _, path, stated, actual in rows:
         assert abs(actual - stated) <= 0.1 * actual, f"{path}: README says {stated} lines, it has {actual}"
     total = sum(row[3] for row in rows)
-    stated = int(TOTAL.search(section(title))[1].replace(",", ""))
+    stated = stated_total(section(title))
     assert abs(total - stated) <= 0.1 * total, f"README says about {stated} lines, the parts have {total}"
 
 
@@ -109,3 +114,20 @@ def test_poke_snippet_prints_what_the_readme_shows():
 def test_excerpt_counts_are_the_ones_docs_demo_quotes():
     from test_readme_counts import quoted_output
     assert chapter_counts(section("Results, in short")) == chapter_counts(quoted_output())
+
+
+ZH = (ROOT / "README.zh-CN.md").read_text()
+ZH_PATH = "章节路径（约 15 分钟）"
+
+
+def test_the_chinese_readme_gives_the_same_chapter_path_and_commands():
+    """README.zh-CN.md, linked from the README's first lines, names the same files, parts,
+    line counts and total as the English chapter path, and the same commands to try next."""
+    assert "README.zh-CN.md" in "\n".join(README.splitlines()[:5])
+    english = reading_path("The chapter path (about 15 minutes)")
+    assert reading_path(ZH_PATH, ZH) == english
+    assert ROW.findall(section(ZH_PATH, ZH)) == ROW.findall(section("The chapter path (about 15 minutes)"))
+    assert stated_total(section(ZH_PATH, ZH)) == stated_total(section("The chapter path (about 15 minutes)"))
+    for command in QUICK_START + ("python -m teaching.poke", "python -m exercises 1", "python -m track"):
+        assert command in ZH, command
+    assert "track/README.zh-CN.md" in ZH
