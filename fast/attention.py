@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import torch
@@ -49,6 +50,8 @@ class Routes:
       with the rest of each context needs it; without it the shared kinds are not used).
     * ``tile_scores`` / ``min_tile_rows``: rows of scores per tile of ``matmul_attention``:
       enough that both matmuls run near the peak, few enough that a tile stays in cache.
+    * ``decode_kernel``: decode rows that share no leading blocks attend by the compiled
+      kernel (fast/kernels.py), one call per layer, instead of a dozen PyTorch ops.
     """
 
     exact_decode_slots: bool
@@ -56,6 +59,7 @@ class Routes:
     flash_lse: bool
     tile_scores: int = 1 << 21
     min_tile_rows: int = 64
+    decode_kernel: Callable | None = None  # fast/kernels.py's compiled decode attention
 
     @classmethod
     def probe(cls, device: torch.device, dtype: torch.dtype) -> Routes:
@@ -127,6 +131,7 @@ class LayerKV:
 #
 # Each step's tokens fall into these kinds of attention, chosen by FastAttention.plan:
 #   CausalPrefill       a prompt chunk from position 0: attends only to its own fresh K/V
+#   KernelDecode        the same, by the compiled kernel where there is one (no shared blocks)
 #   PagedDecode         single-token queries over their paged context: exact slots (DecodeSlots)
 #                       on CPU float32, else equal-length chunks (DecodeChunks)
 #   SharedPrefixDecode  the same, when every sequence holds the same leading blocks
@@ -427,6 +432,23 @@ class PagedDecode:
 
 
 @dataclass
+class KernelDecode:
+    """Decode rows attended by the compiled kernel: each row's keys and values read straight
+    from its blocks (``tables``), positions [lo, hi) visible (per window), float32 softmax."""
+
+    rows: torch.Tensor    # packed-token index of each row's query
+    tables: torch.Tensor  # [B, blocks] each row's block table
+    lo: dict              # window (None = full) -> [B] first visible position
+    hi: torch.Tensor      # [B] context length (the query's position + 1)
+    kernel: Callable
+
+    def attend(self, q, k, v, cache: LayerKV, window: int | None, out: torch.Tensor) -> None:
+        res = self.kernel(q.index_select(0, self.rows), cache.k, cache.v, self.tables,
+                          self.lo[window], self.hi, cache.block_size, q.shape[-1] ** -0.5)
+        out.index_copy_(0, self.rows, res)
+
+
+@dataclass
 class SharedPrefixDecode:
     """Decode steps of sequences that all hold the same leading blocks (a cached system
     prompt): the shared blocks are read once and scored for the whole batch in one matmul
@@ -636,21 +658,33 @@ def _causal_prefill(batch: PackedBatch, row: int) -> CausalPrefill:
 
 def _decode_part(batch: PackedBatch, rows: np.ndarray):
     """The shared-prefix kind when every row holds the same cached leading blocks (and some
-    layers attend fully, which is where sharing pays); plain decode chunks otherwise."""
+    layers attend fully, which is where sharing pays); else the compiled kernel where there
+    is one; plain decode chunks otherwise."""
     tables, starts = batch.tables[rows], batch.starts[rows]
     ends = starts + 1
+    # A lone sequence gains nothing from scoring "shared" blocks once.
+    sharing = None in batch.windows and len(rows) > 1
+    num_shared = _num_common_blocks(tables, starts, batch.block_size) if sharing else 0
+    if num_shared == 0 and batch.routes.decode_kernel is not None:
+        return _kernel_decode(batch, rows, tables, ends)
     index = batch.tensor(batch.first_token[rows])
     windowed = {w: _decode_keys(batch, tables, np.maximum(ends - w, 0), ends)
                 for w in batch.windows if w is not None}
     if None not in batch.windows:
         return PagedDecode(index, windowed)
-    # A lone sequence gains nothing from scoring "shared" blocks once.
-    num_shared = _num_common_blocks(tables, starts, batch.block_size) if len(rows) > 1 else 0
     own_from = np.full_like(ends, num_shared * batch.block_size)  # 0 when nothing is shared
     own = _decode_keys(batch, tables, own_from, ends)
     if num_shared == 0:
         return PagedDecode(index, {None: own, **windowed})
     return SharedPrefixDecode(index, len(rows), batch.tensor(tables[0, :num_shared]), own, windowed)
+
+
+def _kernel_decode(batch: PackedBatch, rows: np.ndarray, tables: np.ndarray,
+                   ends: np.ndarray) -> KernelDecode:
+    lo = {w: batch.tensor(np.zeros_like(ends) if w is None else np.maximum(ends - w, 0))
+          for w in batch.windows}
+    return KernelDecode(batch.tensor(batch.first_token[rows]), batch.tensor(tables), lo,
+                        batch.tensor(ends), batch.routes.decode_kernel)
 
 
 def _decode_keys(batch: PackedBatch, tables: np.ndarray, lo: np.ndarray, hi: np.ndarray):

@@ -4,17 +4,22 @@
 * linears: a packed copy of the model's tree (fast/linear.py) where oneDNN computes the
   dtype natively on this CPU; the model itself stays model.py's;
 * the KV pool on huge pages (fast/cpu_memory.py);
-* before each step, the CPU tuning's thread check (fast/tuning.py), when an entry point gave one.
+* before each step, the CPU tuning's thread check (fast/tuning.py), when an entry point gave one;
+* with ``kernels``, decode attention by the compiled C++ kernel (fast/kernels.py) on CPU;
+  without a compiler, the PyTorch kinds, and ``describe()`` says why.
 
 Every part is tested equal to the plain path (tests/test_plain_path.py, test_attention_kinds.py).
 """
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 
 from core.backend import Backend
 from fast.attention import FastAttention, FastPlan, Routes
 from fast.cpu_memory import zeros_on_huge_pages
+from fast.kernels import decode_kernels
 from fast.linear import onednn_linears_usable, packed_copy
 from fast.tuning import CpuTuning
 from model import CausalLM, SeqChunk
@@ -24,9 +29,14 @@ class FastBackend(Backend):
     name = "fast"
 
     def __init__(self, model: CausalLM, tuning: CpuTuning | None = None,
-                 routes: Routes | None = None, pack_linears: bool | None = None) -> None:
+                 routes: Routes | None = None, pack_linears: bool | None = None,
+                 kernels: bool = False) -> None:
         super().__init__(model)
         cfg = model.config
+        routes = routes or Routes.probe(model.device, model.dtype)
+        self.kernels = decode_kernels() if kernels and model.device.type == "cpu" else None
+        if self.kernels is not None and self.kernels.module is not None:
+            routes = replace(routes, decode_kernel=self.kernels.module.decode_attention)
         self.attention = FastAttention(set(cfg.layer_windows), cfg.num_heads // cfg.num_kv_heads,
                                        model.dtype, model.device, routes)
         if pack_linears is None:
@@ -51,6 +61,8 @@ class FastBackend(Backend):
 
     def describe(self) -> str:
         parts = ["fast attention", "packed linears" if self.runs is not self.model else "plain linears"]
+        if self.kernels is not None:
+            parts.append(self.kernels.describe())
         if self.tuning is not None:
             parts.append(self.tuning.describe())
         return f"{self.name} ({', '.join(parts)})"

@@ -18,7 +18,7 @@ import torch
 
 from fast import attention
 from fast.attention import (DECODE_CHUNK_TOKENS, CausalPrefill, DecodeChunks, DecodeSlots,
-                            FastAttention, PagedDecode, PagedPrefill, Routes, SharedPrefixDecode,
+                            FastAttention, KernelDecode, PagedDecode, PagedPrefill, Routes, SharedPrefixDecode,
                             SharedPrefixPrefill)
 from model import AttentionMetadata, SeqChunk, paged_attention, write_kv
 
@@ -278,3 +278,52 @@ def test_every_kind_in_bfloat16_by_matmuls(windows):
         assert got.dtype == torch.bfloat16
         assert mean_error(got, expected) <= BF16_ERROR_FACTOR * mean_error(plain, expected), window
         torch.testing.assert_close(got.float(), expected, atol=0.1, rtol=0.05)
+
+
+@pytest.fixture(scope="module")
+def kernel_routes():
+    """The routes with the compiled decode kernel (fast/kernels.py; built once per machine)."""
+    from fast.kernels import decode_kernels
+    build = decode_kernels()
+    assert build.module is not None, build.reason  # g++ is on every machine this project uses
+    return Routes(exact_decode_slots=False, matmul_attention=False, flash_lse=attention.CPU_FLASH_LSE,
+                  decode_kernel=build.module.decode_attention)
+
+
+@pytest.mark.parametrize("windows", [{None}, {None, 6}, {5}])
+def test_kernel_decode_beside_prompt_chunks(kernel_routes, windows):
+    """Decode rows by the compiled kernel, equal to the plain path: a lone sequence and a batch,
+    contexts of one block, a partial block and several chunks, windows that start inside a
+    block, a prompt chunk and a chunk after a prefix in the same step."""
+    plan = run_batch(mixed_batch(), windows, seed=12, routes=kernel_routes)
+    assert {type(p) for p in plan.parts} == {KernelDecode, CausalPrefill, PagedPrefill}
+    for context in (BLOCK - 1, BLOCK, LONG):
+        chunks = [SeqChunk(0, 5, table(100, 2)), SeqChunk(context, 1, table(7, blocks_for(context + 1)))]
+        plan = run_batch(chunks, windows, seed=context, routes=kernel_routes)
+        assert {type(p) for p in plan.parts} == {CausalPrefill, KernelDecode}
+
+
+def test_kernel_leaves_shared_prefixes_to_the_shared_kind(kernel_routes):
+    shared = table(5, 3)
+    chunks = [SeqChunk(n, 1, shared + table(60 + 13 * i, blocks_for(n + 1) - 3))
+              for i, n in enumerate([12, 13, 20, LONG])]
+    plan = run_batch(chunks, {None}, seed=1, routes=kernel_routes)
+    assert [type(p) for p in plan.parts] == [SharedPrefixDecode]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("windows", [{None}, {None, 6}])
+def test_kernel_decode_in_half_precision(kernel_routes, dtype, windows):
+    """The kernel in bfloat16 / float16 against the plain path in float32, and no worse than a
+    small factor of the plain path's own error in that dtype."""
+    chunks = [SeqChunk(LONG, 1, table(7, blocks_for(LONG + 1))), SeqChunk(9, 1, table(80, 3))]
+    q, k, v, pool_k, pool_v, meta = random_step(chunks, seed=11)
+    low = [x.to(dtype) for x in (q, k, v, pool_k, pool_v)]
+    plan = FastAttention(windows, HEADS // KV_HEADS, dtype, CPU, kernel_routes).plan(chunks, BLOCK)
+    assert [type(p) for p in plan.parts] == [KernelDecode]
+    for window in windows:
+        expected = paged_attention(q, pool_k, pool_v, meta, window)
+        plain = paged_attention(low[0], low[3], low[4], meta, window)
+        got = plan.attend(*low, window)
+        assert got.dtype == dtype
+        assert mean_error(got, expected) <= BF16_ERROR_FACTOR * mean_error(plain, expected), window

@@ -41,6 +41,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     hash_strategy: str = "incremental"
     fast_paths: bool = True                 # False: the plain attention and linears of model.py only
+    enforce_eager: bool = False             # True: no compiled kernels (fast/kernels.py), PyTorch ops only
     max_logprobs: int = 20                  # as vLLM: -1 allows the whole vocabulary
     logprobs_mode: str = "raw_logprobs"
     tokenizer: str | None = None            # tokenizer directory, if not the model's

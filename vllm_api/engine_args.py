@@ -7,7 +7,7 @@ runs unchanged. Each name is one of:
 - ours: a field of ``EngineConfig`` (``block_size``, ``max_model_len``, ``seed``, ...);
 - renamed: vLLM's name for one of ours (``kv_cache_memory_bytes`` -> ``kv_cache_memory``);
 - neutral: it changes nothing in a single-process pure-PyTorch engine on one device
-  (``enforce_eager``, ``trust_remote_code``, ``tensor_parallel_size=1``, ...), accepted for
+  (``trust_remote_code``, ``tensor_parallel_size=1``, ...), accepted for
   any value or only for its neutral values;
 - unsupported: what this engine truly cannot do (tensor parallelism > 1, LoRA, quantized
   weights, ...): accepted at its default only, otherwise a ``ValueError`` that says why.
@@ -60,8 +60,8 @@ NEUTRAL = {
     "data_parallel_size": Neutral(ONE_DEVICE, (1,)),
     "distributed_executor_backend": Neutral(ONE_DEVICE, (None, "mp", "uni", "external_launcher")),
     "disable_custom_all_reduce": Neutral(ONE_DEVICE),
-    "enforce_eager": Neutral("the engine is always eager (no CUDA graphs, no torch.compile)"),
-    "compilation_config": Neutral("the engine is always eager (no CUDA graphs, no torch.compile)"),
+    "compilation_config": Neutral("the only compiled code is the fast layer's C++ kernels, "
+                                  "switched off by enforce_eager=True"),
     "cudagraph_capture_sizes": Neutral("the engine uses no CUDA graphs"),
     "max_cudagraph_capture_size": Neutral("the engine uses no CUDA graphs"),
     "max_seq_len_to_capture": Neutral("the engine uses no CUDA graphs"),

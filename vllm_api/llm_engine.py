@@ -77,7 +77,7 @@ class LLMEngine(LLMExtras):
         tuning = CpuTuning(max_threads=self.config.num_threads) if self.device.type == "cpu" else None
         if tuning is not None:
             tuning.apply()
-        return FastBackend(model, tuning)
+        return FastBackend(model, tuning, kernels=not self.config.enforce_eager)
 
     # ------------------------------------------------------------------ the core's parts
 

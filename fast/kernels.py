@@ -1,0 +1,67 @@
+"""The fast layer's compiled kernels: C++ in fast/csrc/, built once per machine by torch's
+extension loader and cached on disk (``TORCH_EXTENSIONS_DIR``, by default under ~/.cache).
+
+Today one kernel: paged decode attention (fast/csrc/decode_attention.cpp), which reads each
+decode row's keys and values straight from their blocks, where the PyTorch kinds spend a
+dozen small ops per layer. A machine without a C++ compiler (or ninja) keeps the PyTorch kinds
+and says why (``KernelBuild.reason``); nothing else changes. The first build takes a while,
+the cached one about a second to load; ``KernelBuild`` records which it was and how long.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import shutil
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+SOURCE = Path(__file__).resolve().parent / "csrc" / "decode_attention.cpp"
+FLAGS = ("-O3", "-march=native", "-ffp-contract=fast")
+
+
+@dataclass(frozen=True)
+class KernelBuild:
+    """The outcome of loading the kernels: the module, or why not; seconds; built or cached."""
+
+    module: object | None
+    seconds: float
+    built: bool          # compiled in this process (False: loaded from the disk cache)
+    reason: str = ""     # why there is no module
+
+    def describe(self) -> str:
+        if self.module is None:
+            return f"no C++ kernels ({self.reason})"
+        return f"C++ decode kernel ({'built' if self.built else 'cached'}, {self.seconds:.1f} s)"
+
+
+def _name() -> str:
+    """A name per source and flags, so an edited kernel never loads a stale build."""
+    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:12]
+    return f"step14_decode_{digest}"
+
+
+def _build_dir() -> Path:
+    from torch.utils.cpp_extension import _get_build_directory
+    return Path(_get_build_directory(_name(), verbose=False))
+
+
+@functools.cache
+def decode_kernels() -> KernelBuild:
+    """Load (building if needed) the decode kernel once per process."""
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        return KernelBuild(None, 0.0, False, f"no C++ compiler {compiler!r} on PATH")
+    started = time.perf_counter()
+    try:
+        from torch.utils.cpp_extension import load
+        cached = any(_build_dir().glob("*.so"))
+        module = load(name=_name(), sources=[str(SOURCE)], extra_cflags=list(FLAGS), verbose=False)
+    except Exception as err:  # a compiler that fails, no ninja, ...: the PyTorch kinds stay
+        reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        warnings.warn(f"fast layer: the C++ decode kernel could not be built, attention stays on "
+                      f"PyTorch ops ({reason})", RuntimeWarning, stacklevel=2)
+        return KernelBuild(None, time.perf_counter() - started, False, reason)
+    return KernelBuild(module, time.perf_counter() - started, not cached)
