@@ -76,7 +76,8 @@ def implementation(cls: type[PrefixCache], number: int, only: bool = False) -> t
     tested = {number} if only else set(range(1, number + 1))
     mine = {m for s in STEPS if s.number in tested for m in s.methods}
     if cls is not PrefixCache:
-        inherited = [m for m in sorted(mine) if getattr(cls, m) is getattr(PrefixCache, m)]
+        own = cls.__mro__[:cls.__mro__.index(PrefixCache)]  # the learner's classes, above the engine's
+        inherited = [m for m in sorted(mine) if not any(m in vars(k) for k in own)]
         if inherited:
             raise TrackError(f"{cls.__name__} does not define {', '.join(inherited)}: it would run "
                              f"the engine's own code. Write it in track/my_prefix_cache.py.")
