@@ -57,14 +57,16 @@ class EngineCore:
               backend: Backend | None = None, tokenizer=None, eos_token_ids=(),
               max_model_len: int | None = None, seed: int | None = 0,
               logprobs_mode: str = "raw_logprobs", max_logprobs: int = 20,
-              hash_fn: HashFn | None = None) -> EngineCore:
+              hash_fn: HashFn | None = None,
+              prefix_cache_cls: type[PrefixCache] = PrefixCache) -> EngineCore:
         """Every part, from the model and plain settings (``backend`` None: the plain path;
-        ``hash_fn`` None: the chapter's xxh3_64 chain)."""
+        ``hash_fn`` None: the chapter's xxh3_64 chain; ``prefix_cache_cls``: the chapter's
+        class, or a subclass with its methods rewritten, as the build-it-yourself track's)."""
         cfg, backend = model.config, backend or Backend(model)
         kv = KVCachePool(cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim,
                          model.dtype, model.device, zeros=backend.kv_zeros)
         block_manager = BlockManager(num_blocks, block_size)
-        cache = PrefixCache(block_manager, hash_strategy) if enable_prefix_caching else None
+        cache = prefix_cache_cls(block_manager, hash_strategy) if enable_prefix_caching else None
         if cache is not None and hash_fn is not None:
             cache.hash_fn = hash_fn
         scheduler = Scheduler(SchedulerConfig(max_num_seqs, max_num_batched_tokens), block_manager, cache)

@@ -6,7 +6,7 @@ sys.path edits, the design card's files at the top.
 * the fast layer (fast/) imports the core and itself;
 * the vLLM layer (vllm_api/) imports the core, the fast layer and itself;
 * engine.py (the public face) and the applications (run.py, bench.py, teaching/, exercises/,
-  benchmarks/, tools/) may import any floor; no floor imports them.
+  track/, benchmarks/, tools/) may import any floor; no floor imports them.
 
 Imports are read with ``ast`` (module level and function level alike), so an arrow hidden in a
 function-local import counts too.
@@ -17,7 +17,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("core", "fast", "vllm_api", "teaching", "benchmarks", "exercises", "tools")
+PACKAGES = ("core", "fast", "vllm_api", "teaching", "benchmarks", "exercises", "track", "tools")
 CORE_FILES = ("scheduler", "block_manager", "prefix_cache", "model")
 FLOOR_BELOW = {"core": {"core"}, "fast": {"core", "fast"}, "vllm": {"core", "fast", "vllm"}}
 

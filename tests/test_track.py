@@ -1,0 +1,213 @@
+"""The build-it-yourself track (track/): every step's checks pass on the reference (the
+engine's own prefix_cache.py) and fail on the untouched skeleton, each on that step's own
+methods, so the checks provably can fail; plausible mistakes fail the step they belong to,
+with a message that names the scenario and what differed but never a hash of the answer; the
+command works; the English and Chinese instructions name the same files, steps and commands."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import xxhash
+
+import track
+from prefix_cache import PrefixCache
+from track import CHAPTER_METHODS, STEPS, TrackError, implementation, load_class
+from track.checks import Chain, oracle, run_step, scenarios_of
+
+ROOT = Path(__file__).resolve().parent.parent
+NUMBERS = [s.number for s in STEPS]
+
+
+def failures(results) -> list:
+    return [r for r in results if not r.ok]
+
+
+@pytest.mark.parametrize("number", NUMBERS)
+def test_the_reference_passes_every_scenario(number):
+    results = run_step(number, implementation(load_class("reference"), number))
+    assert len(results) >= 4 and not failures(results), failures(results)
+
+
+@pytest.mark.parametrize("only", [False, True], ids=["steps 1..N", "step N alone"])
+@pytest.mark.parametrize("number", NUMBERS)
+def test_the_skeleton_fails_every_scenario_on_its_own_step(number, only):
+    """Alone, with the engine's code for every other step, each scenario of step N fails on
+    step N's NotImplementedError; as the learner runs it (steps 1..N), every scenario fails."""
+    results = run_step(number, implementation(load_class("skeleton"), number, only=only))
+    assert results and all(not r.ok for r in results)
+    if only:
+        own = [r for r in results if r.problems[0].startswith(
+            f"your code raised NotImplementedError: step {number}:")]
+        assert own == results, [r.problems for r in results if r not in own]
+
+
+def test_the_checks_are_not_vacuous():
+    """The oracle's observations are the chapter's: the table's two columns, hits in a real
+    generate, a collision really collides, the in-flight scenario really waits."""
+    table = {s.name: oracle(s.script) for s in scenarios_of(4) + scenarios_of(5) if "table" in s.name}
+    inc, rec = (table[f"the chapter's table, {c} column"] for c in ("incremental", "recompute"))
+    rows = [f"row {r!r}: hash calls" for r in ("cold request", "of which at save", "same Sequence "
+            "looked up again", "same prompt, new Sequence", "two copies in one step")]
+    n = len(track.checks.prompt()) // track.checks.BLOCK
+    assert [rec[r] for r in rows] == [2 * n, n, n, n, 4 * n]
+    assert [inc[r] for r in rows] == [n, 0, 0, n, 2 * n]
+    generated = oracle(track.checks.generate_incremental)
+    assert generated["stats()['prefix_cache_hits']"] > 0
+    assert oracle(track.checks.in_flight)["next_in_flight of the lookup"] is True
+    collided = oracle(track.checks.collision)
+    assert collided["cached tokens of the lookup"] == 0 and collided["hash calls of the lookup"] > 0
+
+
+# A learner's class that wrote every step as the reference did; each mistake below changes one
+# method of it, and names the scenario it must fail (the others may pass).
+Written = type("Written", (PrefixCache,), {m: vars(PrefixCache)[m] for m in CHAPTER_METHODS})
+
+
+class Uncounted(Written):
+    def _chain_hash(self, tokens, prev_hash, start, end):
+        return self.hash_fn(tokens[start:end].tobytes(), prev_hash)
+
+
+class WholeBuffer(Written):
+    def _chain_hash(self, tokens, prev_hash, start, end):
+        self.hash_computations += 1
+        return self.hash_fn(tokens[start:].tobytes(), prev_hash)
+
+
+class RehashEveryCall(Written):
+    def _precompute_block_hashes(self, seq, source=None):
+        seq._block_hashes.clear()
+        super()._precompute_block_hashes(seq)
+
+
+class NoVerify(Written):
+    def _holds(self, block, seq, index, parents):
+        return True
+
+
+class LastTokenFromCache(Written):
+    def _lookup_prefix_cache(self, seq):
+        match = super()._lookup_prefix_cache(seq)
+        nxt = len(match.blocks)
+        if nxt < len(match.chain) and match.chain[nxt] in self._prefix_cache:
+            match.blocks.append(self._prefix_cache[match.chain[nxt]])
+            match.num_cached_tokens += self.block_size
+        return match
+
+
+class SnippetSave(Written):
+    """The chapter's snippet read literally: only the chunk's end is a block boundary."""
+
+    def _do_prefill_step(self, seq, start, end):
+        if end % self.block_size:
+            return []
+        return super()._do_prefill_step(seq, end - self.block_size, end)
+
+
+class RehashAtSave(Written):
+    def _hash_for_save(self, seq, index, parent):
+        prev = parent.block_hash if parent is not None else seq._root_hash
+        return self._chain_hash(seq.token_view(), prev, index * self.block_size, (index + 1) * self.block_size)
+
+
+class UnsaltedRebuild(Written):
+    def _rebuild_chain(self, seq):
+        root, seq._root_hash = seq._root_hash, 0
+        try:
+            return super()._rebuild_chain(seq)
+        finally:
+            seq._root_hash = root
+
+
+MISTAKES = [
+    (Uncounted, 1, "the chain of the 527-token prompt", "hash calls: yours 0, the engine's 32"),
+    (WholeBuffer, 1, "one block, seed 0", "the block's hash: block 0's hash differs"),
+    (RehashEveryCall, 2, "the same Sequence, precomputed twice", "hash calls of call 2: yours 32, the engine's 0"),
+    (NoVerify, 3, "a hash that collides (hash_fn keeps 2 bits)", "cached tokens of the lookup: yours"),
+    (LastTokenFromCache, 3, "a prompt of exactly 32 full blocks, seen before", "cached tokens of the lookup: yours 512"),
+    (SnippetSave, 4, "a cold request, prefilled in 100-token chunks (boundaries inside chunks)",
+     "the map: cached block ids"),
+    (RehashAtSave, 4, "the chapter's table, incremental column", "row 'of which at save': hash calls: yours 32, the engine's 0"),
+    (UnsaltedRebuild, 5, "_rebuild_chain of a Sequence with cache_salt 'alice' and generated tokens",
+     "the chain: block 0's hash differs from the engine's (it is the first block)"),
+]
+
+
+@pytest.mark.parametrize("cls, number, scenario, says", MISTAKES, ids=[m[0].__name__ for m in MISTAKES])
+def test_a_mistake_fails_its_step_naming_the_scenario_not_the_answer(cls, number, scenario, says):
+    results = {r.scenario: r for r in run_step(number, implementation(cls, number), with_model=False)}
+    assert not results[scenario].ok
+    message = "\n".join(results[scenario].problems)
+    assert says in message, message
+    answers = oracle(next(s.script for s in scenarios_of(number) if s.name == scenario)).values()
+    hashes = {h for v in answers if isinstance(v, Chain) for h in v if h > 2 ** 32}  # not the weak hash's 0..3
+    assert not any(str(h) in message or f"{h:x}" in message for h in hashes), "a hash of the answer"
+
+
+def test_a_class_that_inherits_a_step_is_refused():
+    class Lazy(PrefixCache):  # defines nothing: every method would be the engine's
+        pass
+    with pytest.raises(TrackError, match="does not define _chain_hash"):
+        implementation(Lazy, 1)
+
+
+def test_start_copies_the_skeleton_and_reset_keeps_the_old_file(tmp_path, monkeypatch):
+    mine = tmp_path / "my_prefix_cache.py"
+    monkeypatch.setattr(track, "MINE", mine)
+    monkeypatch.setattr(track, "HERE", tmp_path)
+    track.start()
+    assert mine.read_text() == track.SKELETON.read_text()
+    mine.write_text("# my work\n")
+    assert "already exists" in track.start() and mine.read_text() == "# my work\n"
+    track.start(force=True)
+    assert mine.read_text() == track.SKELETON.read_text()
+    assert (tmp_path / "my_prefix_cache.py.bak").read_text() == "# my work\n"
+
+
+def test_the_command_passes_the_reference_and_fails_the_skeleton():
+    def check(impl: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "track", "check", "2", "--impl", impl],
+                              cwd=ROOT, capture_output=True, text=True, timeout=120)
+    good, bad = check("reference"), check("skeleton")
+    assert good.returncode == 0 and "step 2 passed" in good.stdout, good.stdout + good.stderr
+    assert bad.returncode == 1 and "FAIL a cold Sequence of 527 tokens" in bad.stdout, bad.stdout
+    assert "NotImplementedError: step 2" in bad.stdout
+
+
+# ----------------------------------------------------------------------------- the instructions
+
+README = {lang: (ROOT / "track" / name).read_text()
+          for lang, name in (("en", "README.md"), ("zh", "README.zh-CN.md"))}
+STEP_HEADING = {"en": re.compile(r"^### Step (\d+)", re.M), "zh": re.compile(r"^### 第 (\d+) 步", re.M)}
+
+
+def named(text: str) -> dict:
+    """What a README names: commands, files, chapter methods."""
+    return {"commands": sorted(set(re.findall(r"python -m track[^`\n]*?(?=`|\s*$|\s{2,}#)", text, re.M))),
+            "files": sorted(set(re.findall(r"[\w./-]+\.(?:py|md)\b", text)) - {"README.md", "README.zh-CN.md"}),
+            "methods": sorted(set(re.findall(r"`(_[a-z_]+)", text)))}
+
+
+def steps_of(lang: str) -> dict[int, list[str]]:
+    """Step number -> the chapter methods its section names."""
+    text, heads = README[lang], list(STEP_HEADING[lang].finditer(README[lang]))
+    after_last = text.find("\n## ", heads[-1].start())  # the section after the steps, if any
+    ends = [h.start() for h in heads[1:]] + [after_last if after_last != -1 else len(text)]
+    return {int(h[1]): sorted(set(re.findall(r"`(_[a-z_]+)", text[h.start():end])))
+            for h, end in zip(heads, ends)}
+
+
+def test_both_readmes_name_the_same_files_steps_and_commands():
+    assert named(README["en"]) == named(README["zh"])
+    assert steps_of("en") == steps_of("zh")
+    assert list(steps_of("en")) == NUMBERS
+    for s in STEPS:
+        assert set(s.methods) <= set(steps_of("en")[s.number]), s
+        assert f"python -m track check {s.number}" in named(README["en"])["commands"]
+    for path in named(README["en"])["files"]:
+        if not path.endswith(("my_prefix_cache.py", ".bak")):
+            assert (ROOT / path).exists() or (ROOT / "track" / path).exists(), path
