@@ -239,6 +239,7 @@ def busiest_step(data: dict) -> int:
 
 
 def find_chromium() -> str | None:
+    """A Chromium on PATH (only PATH is searched, so a test can hide the browser), or None."""
     return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 
 
