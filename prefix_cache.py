@@ -60,7 +60,8 @@ class HashSource(enum.Enum):
 class ChainEvent:
     """One thing that happened to one block of one request (see ``PrefixCache.recording``)."""
 
-    kind: str              # "hash", "hit", "miss", "wait", "save", "twin", "evict"; reset():
+    kind: str              # "hash" (one hash call), "reuse" (a hash read off the Sequence, no
+                           # call), "hit", "miss", "wait", "save", "twin", "evict"; reset():
                            # "forget" (a cached-and-free block), then "clear" if none is left
     request_id: str | None  # None for "evict", "forget", "clear" (no request's block)
     index: int | None       # block index in the sequence; None for those three
@@ -273,7 +274,7 @@ class PrefixCache:
         if index >= len(seq._block_hashes):  # completed during decode: hashed now, once
             self._precompute_block_hashes(seq, HashSource.DECODE)
         else:
-            self._trace("hash", seq, index, seq._block_hashes[index], source=HashSource.REUSED)
+            self._trace("reuse", seq, index, seq._block_hashes[index], source=HashSource.REUSED)
         return seq._block_hashes[index]
 
     # ------------------------------------------------------------------ 6. eviction and reset

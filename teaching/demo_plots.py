@@ -216,11 +216,10 @@ def phase_marks(events: list, phase: str, n: int) -> list[str]:
     for e in events:
         if e.index is None or e.index >= n:
             continue
-        if e.kind == "hash":
-            calls = e.source is not HashSource.REUSED
+        if e.kind in ("hash", "reuse"):  # "reuse": the hash was read off the Sequence, no call
             at_lookup = e.source in AT_LOOKUP
             if (phase == "save") != at_lookup:
-                marks[e.index] = "hash" if calls else "read"
+                marks[e.index] = "hash" if e.kind == "hash" else "read"
         elif e.kind in ("hit", "miss") and phase != "save" and not marks[e.index]:
             marks[e.index] = "read"
     return marks

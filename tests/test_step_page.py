@@ -163,8 +163,8 @@ def assert_shows(shown: dict, truth: dict, step: int, view: str, steps: int) -> 
         assert shown["counters"][f"hash_step-{strategy}"] == str(calls)
         for key in ("evictions", "preemptions", "prefix_cache_hits"):
             assert shown["counters"][f"{key}-{strategy}"] == str(t["stats"][key])
-        events = shown["events"][strategy]  # "reuse": a hash event that read the chain, no call
-        assert Counter("hash" if kind == "reuse" else kind for kind in events) == t["kinds"]
+        events = shown["events"][strategy]
+        assert Counter(events) == t["kinds"]
         assert events.count("hash") == calls
     tables = [(re.fullmatch(r"request (\S+)", seq)[1], [int(b) for b in re.findall(r"\d+", table)])
               for seq, table in shown["seqs"]]
@@ -182,6 +182,7 @@ def assert_data_shows(data: dict, truth: dict, step: int, view: str) -> None:
         for key in ("evictions", "preemptions", "prefix_cache_hits"):
             assert snap["counters"][key] == t["stats"][key]
         assert Counter(e["kind"] for e in snap["events"]) == t["kinds"]
+        assert t["kinds"]["hash"] == calls
     snap = data["steps"][step - 1][view]
     assert [(s["id"], s["table"]) for s in snap["seqs"]] == truth[view, step]["tables"]
     assert [b["ref"] for b in snap["pool"]] == truth[view, step]["refs"]
@@ -204,6 +205,8 @@ def test_workload_plays_every_scene(recorded):
     for strategy in step_page.STRATEGIES:
         kinds = sum((t["kinds"] for (s, _), t in truth.items() if s == strategy), Counter())
         assert {"hash", "hit", "miss", "wait", "save", "twin", "evict"} <= set(kinds), kinds
+        assert kinds["hash"] == truth[strategy, last]["hashes"]  # one "hash" event per call
+        assert (kinds["reuse"] > 0) == (strategy == "incremental")  # a hash read, no call
         assert truth[strategy, last]["stats"]["preemptions"] >= 1
     assert truth["recompute", last]["hashes"] > truth["incremental", last]["hashes"]
     follow_up = [s for s in data["steps"] if s["incremental"]["scene"] == "follow-up"]
