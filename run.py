@@ -268,7 +268,8 @@ def page_main(args) -> int:
     print(f"Wrote {path}: {len(data['steps'])} engine steps, {len(data['scenes'])} scenes, a pool of "
           f"{pool['num_kv_blocks']} blocks of {pool['block_size']} tokens.\n  Hash calls over the run: "
           + ", ".join(f"{COLUMN_NAMES[s]} {last[s]['counters']['hash_computations']}" for s in STRATEGIES)
-          + f".\n  Open {path.resolve().as_uri()}#step=1 (any N in #step=N) in a browser.")
+          + f".\n  Open {path.resolve().as_uri()}#step=1 (any N in #step=N; add &view=recompute "
+          "for the recompute engine's pool and chains) in a browser.")
     if args.screenshot:
         step = args.step or step_page.busiest_step(data)
         step_page.screenshot(path, Path(args.screenshot), step)
