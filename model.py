@@ -185,7 +185,11 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalised in float32 and cast back before the weight, as HF's checkpoints expect.
+        # F.rms_norm computes in float32 (for bf16/fp16 input): it normalises, multiplies by the
+        # weight, then casts once to the input dtype. HF's LlamaRMSNorm casts the normalised
+        # value to the input dtype first and multiplies by the weight in that dtype (two
+        # roundings), so in bf16/fp16 the two differ by about one unit of rounding on some
+        # elements (none in float32); tests/test_low_precision.py bounds the resulting logits.
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 

@@ -63,7 +63,8 @@ class HashSource(enum.Enum):
 class ChainEvent:
     """One thing that happened to one block of one request (see ``PrefixCache.recording``)."""
 
-    kind: str              # "hash", "hit", "miss", "wait", "save", "twin", "evict"; reset():
+    kind: str              # "hash" (one hash call), "reuse" (a hash read off the Sequence, no
+                           # call), "hit", "miss", "wait", "save", "twin", "evict"; reset():
                            # "forget" (a cached-and-free block), then "clear" if none is left
     request_id: str | None  # None for "evict", "forget", "clear" (no request's block)
     index: int | None       # block index in the sequence; None for those three
@@ -155,7 +156,7 @@ class PrefixCache:
         if index >= len(seq._block_hashes):  # completed during decode: hashed now, once
             self._precompute_block_hashes(seq, HashSource.DECODE)
         else:  # the chapter: the lookup already hashed it; read it, no call
-            self._trace("hash", seq, index, seq._block_hashes[index], source=HashSource.REUSED)
+            self._trace("reuse", seq, index, seq._block_hashes[index], source=HashSource.REUSED)
         return seq._block_hashes[index]
 
     def _precompute_block_hashes(self, seq: Sequence, source: HashSource = HashSource.PRECOMPUTED) -> None:

@@ -71,7 +71,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
     p.add_argument("--seed", type=int, default=0, help="sampling seed and random-prompt seed")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads, the same in every mode (default 1: the models are tiny; the "
+                        "engine uses fewer only if other processes keep the cores busy)")
     p.add_argument("--show-blocks", type=int, nargs="?", const=1, default=None, metavar="STEP",
                    help="draw the KV pool after this step of round 1 and of round 2 (incremental engine)")
     p.add_argument("--chain", action="store_true", help="trace one request's chain of block hashes instead")
@@ -220,8 +222,8 @@ def print_samples(llm: LLM, prompts, token_ids, count: int = 3) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads)  # every mode: the demo, --chain and --html alike
+    print(f"torch threads: {torch.get_num_threads()} (--threads)")
     if args.chain:
         from teaching import chain_view
         return chain_view.main(args)
@@ -268,7 +270,8 @@ def page_main(args) -> int:
     print(f"Wrote {path}: {len(data['steps'])} engine steps, {len(data['scenes'])} scenes, a pool of "
           f"{pool['num_kv_blocks']} blocks of {pool['block_size']} tokens.\n  Hash calls over the run: "
           + ", ".join(f"{COLUMN_NAMES[s]} {last[s]['counters']['hash_computations']}" for s in STRATEGIES)
-          + f".\n  Open {path.resolve().as_uri()}#step=1 (any N in #step=N) in a browser.")
+          + f".\n  Open {path.resolve().as_uri()}#step=1 (any N in #step=N; add &view=recompute "
+          "for the recompute engine's pool and chains) in a browser.")
     if args.screenshot:
         step = args.step or step_page.busiest_step(data)
         step_page.screenshot(path, Path(args.screenshot), step)

@@ -268,7 +268,8 @@ class Scheduler:
         seq.block_table[index] = twin.block_id
 
     def preempt(self, seq: Sequence) -> None:
-        """Free ``seq``'s blocks (cached ones stay reusable) and queue it first for recompute."""
+        """Free ``seq``'s blocks (cached ones stay reusable) and queue it first, to be prefilled
+        again (a re-prefill, shortened by its lookup; not ``hash_strategy="recompute"``)."""
         self.journal.keep(self, self.stats, seq)
         self.running.remove(seq)
         self._release(seq)

@@ -209,7 +209,7 @@ class EngineCore:
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         """Forget cached-and-free blocks; True if the cache is now empty (as vLLM's). With
-        ``reset_running_requests``, running sequences are preempted first (they recompute)."""
+        ``reset_running_requests``, running sequences are preempted first (they are re-prefilled)."""
         with self.operation():
             if self.prefix_cache is None:
                 return True

@@ -11,8 +11,10 @@ engine measures now.
 """
 from __future__ import annotations
 
+import ast
 import importlib
-from types import ModuleType
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
 
 MODULES = {1: "ex1_snippet_pitfall", 2: "ex2_block_size_8", 3: "ex3_preemption",
            4: "ex4_weak_hash", 5: "ex5_one_token_changed"}
@@ -20,5 +22,25 @@ MODULES = {1: "ex1_snippet_pitfall", 2: "ex2_block_size_8", 3: "ex3_preemption",
 
 def exercise(number: int) -> ModuleType:
     """Exercise ``number``'s module: its question (docstring), TITLE, ASKS, HINT, measure,
-    answer (the measured values, in ASKS order) and report (lines for --run)."""
+    answer (the measured values, in ASKS order) and report (lines for --run). Importing it
+    imports the engine, and so torch (seconds): only --run needs that."""
     return importlib.import_module(f"exercises.{MODULES[number]}")
+
+
+def text_of(number: int) -> SimpleNamespace:
+    """Exercise ``number``'s question (``__doc__``), TITLE, ASKS and HINT, read from its source
+    without importing it, so listing, hints and checking a prediction start at once. Its
+    literal top-level constants are read, and ``__doc__ = __doc__.format(name=CONSTANT)``."""
+    tree = ast.parse((Path(__file__).with_name(MODULES[number] + ".py")).read_text(encoding="utf-8"))
+    found = {"__doc__": ast.get_docstring(tree, clean=False)}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            name, value = node.targets[0].id, node.value
+            if name == "__doc__" and isinstance(value, ast.Call):  # the question names a constant
+                found[name] = found[name].format(**{kw.arg: found[kw.value.id] for kw in value.keywords})
+                continue
+            try:
+                found[name] = ast.literal_eval(value)
+            except ValueError:
+                pass  # not a literal: not part of the question's text
+    return SimpleNamespace(**{k: found[k] for k in ("__doc__", "TITLE", "ASKS", "HINT")})

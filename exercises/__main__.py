@@ -5,7 +5,7 @@ import argparse
 import sys
 import textwrap
 
-from exercises import MODULES, exercise
+from exercises import MODULES, exercise, text_of
 from exercises.checker import check
 
 
@@ -19,13 +19,13 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.number is None:
         for number in sorted(MODULES):
-            print(f"  {number}. {exercise(number).TITLE}")
+            print(f"  {number}. {text_of(number).TITLE}")
         print("\npython -m exercises N               the setup and what to predict\n"
               "python -m exercises N --answer ...  check your prediction\n"
               "python -m exercises N --hint        a nudge\n"
               "python -m exercises N --run         run it (shows the answer)")
         return 0
-    ex = exercise(args.number)
+    ex = text_of(args.number)  # the engine (and torch) is imported for --run only
     if args.answer:
         right, message = check(args.number, args.answer, ex.ASKS)
         print(textwrap.fill(message, 96))
@@ -36,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.run:
         import torch
         torch.set_num_threads(1)  # a small model: one thread is fastest on a shared CPU
+        ex = exercise(args.number)
         print("\n".join(ex.report(ex.measure())))
         return 0
     print(ex.__doc__.strip())

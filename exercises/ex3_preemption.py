@@ -59,7 +59,7 @@ def measure_one(model: str, strategy: str) -> Readmission:
     for seed in (1, 2):
         llm.add_request(random_prompt(200, seed=seed, vocab=vocab), params)
     victim, start, full_blocks = None, 0, 0
-    with llm.prefix_cache.recording() as events:  # every hash, hit, miss, wait, save
+    with llm.prefix_cache.recording() as events:  # every hash, reuse, hit, miss, wait, save
         while llm.has_unfinished_requests():
             mark = len(events)
             llm.step()

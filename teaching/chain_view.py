@@ -56,7 +56,7 @@ def trace_blocks(events: list[ChainEvent], request_id: str) -> dict[int, BlockTr
         if e.request_id != request_id:
             continue
         b = blocks.setdefault(e.index, BlockTrace())
-        if e.kind == "hash":
+        if e.kind in ("hash", "reuse"):  # a call, or a hash read off the Sequence
             b.sources.append(e.source)
             if e.parent_hash is not None and b.block_hash is None:
                 b.block_hash, b.parent_hash = e.block_hash, e.parent_hash
@@ -69,7 +69,7 @@ def trace_blocks(events: list[ChainEvent], request_id: str) -> dict[int, BlockTr
 
 
 def hash_calls(events: list[ChainEvent], request_id: str) -> int:
-    return sum(e.kind == "hash" and e.source in CALLS and e.request_id == request_id for e in events)
+    return sum(e.kind == "hash" and e.request_id == request_id for e in events)  # "reuse": no call
 
 
 # ----------------------------------------------------------------------------- running

@@ -90,10 +90,11 @@ def plot_hash_cost(sweep: dict, lengths, block_size: int, path: Path) -> None:
         ax.set_xlabel("prompt length (tokens; each tick doubles it)")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3, which="both")
-    n = lengths[0] // block_size
+    n = lengths[0] // block_size  # the arrow points at this point: N calls at the shortest prompt
     axes[0].annotate(f"recompute re-lookup = incremental cold\n= N calls (N = {n} at {lengths[0]} tokens)",
-                     (lengths[1], 2 * n), xytext=(lengths[len(lengths) // 2], n), fontsize=8,
+                     (lengths[0], n), xytext=(lengths[1], n / 2), fontsize=8,
                      arrowprops=dict(arrowstyle="->", color="gray"))
+    axes[0].set_ylim(bottom=n / 4)  # room for the note under the lines
     handles, labels = axes[0].get_legend_handles_labels()
     handles += [plt.Line2D([], [], linestyle="none")] * len(zero)
     labels += [f"{label}: 0 calls, 0 µs at every length" for label in zero]
@@ -216,11 +217,10 @@ def phase_marks(events: list, phase: str, n: int) -> list[str]:
     for e in events:
         if e.index is None or e.index >= n:
             continue
-        if e.kind == "hash":
-            calls = e.source is not HashSource.REUSED
+        if e.kind in ("hash", "reuse"):  # "reuse": the hash was read off the Sequence, no call
             at_lookup = e.source in AT_LOOKUP
             if (phase == "save") != at_lookup:
-                marks[e.index] = "hash" if calls else "read"
+                marks[e.index] = "hash" if e.kind == "hash" else "read"
         elif e.kind in ("hit", "miss") and phase != "save" and not marks[e.index]:
             marks[e.index] = "read"
     return marks

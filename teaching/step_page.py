@@ -17,7 +17,11 @@ The workload plays the chapter's scenes on a pool of 16 blocks of 4 tokens:
 5. two long requests that outgrow the pool: cached blocks are evicted and one request is
    preempted, then looked up again.
 
-Open the page with ``#step=N`` in its address to start at step N.
+Each step is narrated (step_story.py): what happened and why, derived from the snapshots and
+events; a run of decode-only steps is folded into one line.
+
+Open the page with ``#step=N`` in its address to start at step N, ``#step=N&view=recompute``
+to show the recompute engine's pool and chains.
 """
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ import numpy as np
 
 from engine import LLM, SamplingParams
 from prefix_cache import ChainEvent
+from teaching import step_story
 
 STRATEGIES = ("recompute", "incremental")
 PAGE_ENGINE = dict(block_size=4, num_kv_blocks=16, max_num_seqs=4, max_num_batched_tokens=64)
@@ -90,10 +95,11 @@ class Snapshot:
     events: list[dict]
     counters: dict
     finished: list[str]
+    room: list[dict]  # the step's admission checks: request, blocks needed, blocks free, admitted?
 
     @classmethod
     def take(cls, llm: LLM, scene: str, events: list[ChainEvent], finished: list[str],
-             hashes_before: int) -> "Snapshot":
+             hashes_before: int, room: list[dict]) -> "Snapshot":
         """``hashes_before``: the hash counter before this step (for the step's own calls)."""
         bs, sched = llm.block_size, llm.scheduler
         seqs = ([seq_snapshot(s, "running", bs) for s in sched.running]
@@ -101,7 +107,8 @@ class Snapshot:
         stats = llm.stats()
         counters = {k: stats[k] for k in COUNTERS}
         counters["hash_step"] = stats["hash_computations"] - hashes_before
-        return cls(scene, pool_snapshot(llm), seqs, [event_snapshot(e) for e in events], counters, finished)
+        return cls(scene, pool_snapshot(llm), seqs, [event_snapshot(e) for e in events], counters, finished,
+                   room)
 
 
 # ----------------------------------------------------------------------------- the workload
@@ -112,19 +119,19 @@ class Scene:
     caption: str
 
 
+# A scene's caption says only what was sent (the workload, true at every step of the scene);
+# what the engine did with it at a step is that step's story (step_story.py), told from the state.
 SCENES = {
-    "cold": Scene("1. cold request", "Request 0 arrives to an empty cache: its lookup misses, "
-                  "its full blocks are hashed and saved as its prefill fills them."),
-    "shared": Scene("2. shared prefix", "Request 1 shares request 0's first 16 tokens: its lookup "
-                    "hits request 0's blocks, which now have ref count 2."),
-    "copies": Scene("3. two copies at once", "Requests 2 and 3 carry the same new prompt. 3 finds "
-                    "the block it needs in flight (2 is computing it), waits a step, is looked up "
-                    "again and hits."),
-    "follow-up": Scene("4. follow-up turn", "Request 4 is request 0's conversation plus its answer "
-                       "and a new question: it hits blocks completed during decode."),
-    "pressure": Scene("5. preemption and eviction", "Requests 5 and 6 outgrow the 16-block pool: "
-                      "cached blocks are evicted for them, then 6 is preempted and later "
-                      "looked up again."),
+    "cold": Scene("1. cold request", "Request 0 (19 tokens: 4 full blocks and 3 more) is sent to an "
+                  "empty cache."),
+    "shared": Scene("2. shared prefix", "Request 1 is sent with request 0's first 16 tokens (4 blocks) "
+                    "and 5 of its own, while request 0 is still decoding."),
+    "copies": Scene("3. two copies at once", "Requests 2 and 3 are sent together with the same "
+                    "18-token prompt."),
+    "follow-up": Scene("4. follow-up turn", "Request 4 is request 0's whole conversation (its prompt "
+                       "and answer) plus 3 new tokens."),
+    "pressure": Scene("5. preemption and eviction", "Requests 5 and 6 are sent together: 24 tokens each, 12 "
+                      "to generate, so each needs 9 blocks when done, 18 in all, in a pool of 16."),
 }
 
 
@@ -139,21 +146,40 @@ class Recorder:
     outputs: dict[str, list[int]] = field(default_factory=dict)
     events: list[ChainEvent] = field(default_factory=list)
 
+    room: list[dict] = field(default_factory=list)
+
     def __post_init__(self) -> None:
         self.llm.prefix_cache.subscribe(self.events.append)  # for the engine's whole run
+        self._watch_admissions()
+
+    def _watch_admissions(self) -> None:
+        """Note each admission's room check as the scheduler makes it (``can_allocate``, called
+        right after the request's lookup), so the story says why a request stayed waiting with
+        the numbers the engine decided on, not the pool as it is after the step."""
+        manager = self.llm.block_manager
+        check = manager.can_allocate
+
+        def noted(num_new_blocks, reused=()):
+            admitted = check(num_new_blocks, reused)
+            looked_up = [e.request_id for e in self.events if e.kind in ("hit", "miss")]
+            self.room.append(dict(req=looked_up[-1] if looked_up else None, new=num_new_blocks,
+                                  cached_free=sum(b.ref_count == 0 for b in reused),
+                                  free=manager.num_free_blocks, admitted=admitted))
+            return admitted
+        manager.can_allocate = noted  # this engine only: a probe, the decision is unchanged
 
     def submit(self, prompt: list[int], max_tokens: int) -> str:
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
         return self.llm.add_request(prompt, params)
 
     def step(self, scene: str) -> None:
-        events = self.events
+        events, self.room = self.events, []
         start, hashes_before = len(events), self.llm.stats()["hash_computations"]
         finished = []
         for out in self.llm.step():
             self.outputs[out.request_id] = list(out.prompt_token_ids) + list(out.token_ids)
             finished.append(out.request_id)
-        self.snapshots.append(Snapshot.take(self.llm, scene, events[start:], finished, hashes_before))
+        self.snapshots.append(Snapshot.take(self.llm, scene, events[start:], finished, hashes_before, self.room))
         if self.on_step:
             self.on_step(self.strategy, len(self.snapshots), self)
 
@@ -212,10 +238,29 @@ def check_same_schedule(runs: dict[str, list[Snapshot]]) -> None:
 
 
 def page_data(runs: dict[str, list[Snapshot]], model: str) -> dict:
-    steps = [{s: vars(runs[s][n]) for s in STRATEGIES} for n in range(len(runs[STRATEGIES[0]]))]
+    """The page's data: per step and strategy the snapshot and its story (what happened, why)."""
+    steps = [{s: dict(vars(runs[s][n])) for s in STRATEGIES} for n in range(len(runs[STRATEGIES[0]]))]
+    stretches = {}
+    for s in STRATEGIES:
+        stories = step_story.tell([step[s] for step in steps], PAGE_ENGINE["block_size"],
+                                  PAGE_ENGINE["max_num_seqs"])
+        for step, story in zip(steps, stories):
+            step[s]["story"] = story
+        stretches[s] = [dict(first=a, last=b, line=stretch_line(steps, s, a, b))
+                        for a, b in step_story.decode_stretches(stories)]
     scenes = {key: vars(scene) for key, scene in SCENES.items()}
     return dict(model=Path(model).name, engine=PAGE_ENGINE, strategies=STRATEGIES,
-                scenes=scenes, steps=steps)
+                scenes=scenes, steps=steps, stretches=stretches)
+
+
+def stretch_line(steps: list[dict], strategy: str, first: int, last: int) -> str:
+    """One line for a run of decode-only steps: who decoded, and that nothing else happened."""
+    decoding = sorted({line.split()[1] for step in steps[first - 1:last]
+                       for line in step[strategy]["story"]["lines"]}, key=int)
+    who = (f"request {decoding[0]} decodes" if len(decoding) == 1
+           else f"requests {', '.join(decoding)} each decode")
+    steps_text = f"step {first}" if first == last else f"steps {first}-{last}"
+    return f"{steps_text}: decode only: {who} one token per step; no lookup, save, eviction or hash call"
 
 
 # ----------------------------------------------------------------------------- the page
@@ -239,6 +284,7 @@ def busiest_step(data: dict) -> int:
 
 
 def find_chromium() -> str | None:
+    """A Chromium on PATH (only PATH is searched, so a test can hide the browser), or None."""
     return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 
 

@@ -22,6 +22,33 @@ SPREAD_MODULES = {"test_property", "test_hf_parity", "test_attention_kinds", "te
                   "test_interrupts"}
 
 
+# Checks a test could not make on this machine (a browser missing, say): each test notes them
+# with the ``not_checked`` fixture, as a user property so the note travels from an xdist worker
+# to the controller, and the run's summary lists them instead of passing in silence.
+NOT_CHECKED = "not checked"
+_not_checked: dict[str, set[str]] = {}  # what was not checked -> the tests that could not
+
+
+@pytest.fixture
+def not_checked(request):
+    """``note(what)``: this test ran every assert it could but could not check ``what``."""
+    def note(what: str) -> None:
+        request.node.user_properties.append((NOT_CHECKED, what))
+    return note
+
+
+def pytest_runtest_logreport(report):
+    for key, what in report.user_properties:
+        if key == NOT_CHECKED:
+            _not_checked.setdefault(what, set()).add(report.nodeid)
+
+
+def pytest_terminal_summary(terminalreporter):
+    for what, tests in _not_checked.items():
+        terminalreporter.write_line(f"NOT CHECKED: {what} ({len(tests)} tests ran without it)",
+                                    yellow=True, bold=True)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         module = item.module.__name__

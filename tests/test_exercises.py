@@ -4,11 +4,13 @@ right prediction and rejects a wrong one without printing the answer."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from exercises import MODULES, exercise
+from exercises import MODULES, exercise, text_of
 from exercises.__main__ import main
 from exercises.checker import load_answers, normalise
 
@@ -111,6 +113,26 @@ def test_question_and_hint_do_not_print_the_explanation(capsys, number):
     for argv in ([str(number)], [str(number), "--hint"]):
         assert main(argv) == 0
         assert squash(ANSWERS[number]["why"][:60]) not in squash(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("number", sorted(MODULES))
+def test_text_read_from_the_source_is_the_modules(number):
+    """What the listing, hints and checker read without importing equals the imported module's."""
+    text, module = text_of(number), exercise(number)
+    assert (text.__doc__, text.TITLE, text.ASKS, text.HINT) == (module.__doc__, module.TITLE,
+                                                                 module.ASKS, module.HINT)
+
+
+def test_listing_hints_and_checking_do_not_import_torch(tmp_path):
+    """Only --run needs the engine: the rest starts at once, without torch (seconds to import)."""
+    script = ("import sys\nfrom exercises.__main__ import main\n"
+              "for argv in ([], ['3'], ['3', '--hint'], ['3', '--answer', '1', '2', '3']):\n"
+              "    main(argv)\n"
+              "print('torch imported:', 'torch' in sys.modules)\n")
+    run = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip().endswith("torch imported: False")
+    assert "3. " + text_of(3).TITLE in run.stdout
 
 
 def test_normalise_reads_commas_and_words():

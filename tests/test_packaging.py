@@ -5,6 +5,10 @@ install itself was checked in a fresh venv (docs/vllm_api.md, "Installing")."""
 from __future__ import annotations
 
 import importlib
+import json
+import os
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -34,3 +38,20 @@ def test_the_commands_name_callables():
     for command, target in PYPROJECT["project"]["scripts"].items():
         module, _, attribute = target.partition(":")
         assert callable(getattr(importlib.import_module(module), attribute)), command
+
+
+def test_a_learners_script_elsewhere_imports_the_engine(tmp_path):
+    """After ``pip install -r requirements.txt`` (an editable install of this project), a script
+    outside the repository imports the engine's modules, from an installed checkout of it."""
+    script = tmp_path / "mine.py"
+    script.write_text("import json, engine, teaching, prefix_cache\n"
+                      "print(json.dumps([m.__file__ for m in (engine, teaching, prefix_cache)]))\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    run = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    files = [Path(f) for f in json.loads(run.stdout)]
+    checkout = files[0].parent
+    assert files == [checkout / "engine.py", checkout / "teaching" / "__init__.py", checkout / "prefix_cache.py"]
+    installed = tomllib.loads((checkout / "pyproject.toml").read_text())["project"]["name"]
+    assert installed == PYPROJECT["project"]["name"]

@@ -322,3 +322,20 @@ def test_the_strategy_is_asked_only_in_the_chapters_section():
     methods = [line.split("(")[0].split()[-1] for line in source[start:end] if line.strip().startswith("def ")]
     assert methods == ["_chain_for_lookup", "_hash_for_save", "_precompute_block_hashes",
                        "_rebuild_chain", "_rehash_block"], methods
+
+
+@pytest.mark.parametrize("strategy", ["recompute", "incremental"])
+def test_hash_events_count_the_hash_calls(llama_dir, strategy):
+    """Every hash call is one "hash" event and every "hash" event one call; a hash read off the
+    Sequence is a "reuse" event (incremental only), over a workload with shared prefixes, blocks
+    completed in decode, evictions and preemptions."""
+    prefixes = [random_prompt(32, seed=70 + i) for i in range(3)]
+    prompts = [prefixes[i % 3] + random_prompt(5 + 3 * i, seed=80 + i) for i in range(12)]
+    llm = make_llm(llama_dir, block_size=8, num_kv_blocks=14, max_num_seqs=4, hash_strategy=strategy)
+    kinds = []
+    llm.prefix_cache.subscribe(lambda event: kinds.append(event.kind))
+    llm.generate(prompts + prompts[::-1], greedy(10), use_tqdm=False)
+    stats = llm.stats()
+    assert stats["evictions"] > 0 and stats["preemptions"] > 0 and stats["prefix_cache_hits"] > 0
+    assert kinds.count("hash") == stats["hash_computations"] > 0
+    assert (kinds.count("reuse") > 0) == (strategy == "incremental")
