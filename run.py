@@ -37,8 +37,8 @@ from tqdm.auto import tqdm
 
 from engine import LLM, SamplingParams
 from teaching.pool_view import count_events, draw_pool
-from teaching.chapter_table import (COLUMN_NAMES, STRATEGIES, HashMeter, chapter_rows, prefill_ms,
-                                    print_chapter_table)
+from teaching.chapter_table import (COLUMN_NAMES, STRATEGIES, chapter_rows, prefill_ms,
+                                    print_chapter_table, us_per_hash_call)
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_MODEL = HERE / "demo_model"
@@ -98,7 +98,8 @@ def engine_args(args) -> dict:
     return dict(block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
                 kv_cache_memory=args.kv_cache_memory, max_num_seqs=args.max_num_seqs,
                 max_num_batched_tokens=args.max_num_batched_tokens, device=args.device,
-                dtype=args.dtype, seed=args.seed)
+                dtype=args.dtype, seed=args.seed,
+                enforce_eager=True)  # the demo never waits for a compiler (fast/kernels.py)
 
 
 # ----------------------------------------------------------------------------- workload
@@ -138,16 +139,14 @@ class RoundResult:
     wall: float
     ttft: list[float]
     stats: dict
-    hash_us: float  # time spent inside the hash calls this round
 
     @property
     def output_tokens(self) -> int:
         return sum(len(t) for t in self.token_ids)
 
 
-def run_round(llm: LLM, prompts, params, label: str, progress: bool, on_step=None,
-              meter: HashMeter | None = None) -> RoundResult:
-    before, hash_us = llm.stats(), meter.total().us if meter else 0.0
+def run_round(llm: LLM, prompts, params, label: str, progress: bool, on_step=None) -> RoundResult:
+    before = llm.stats()
     start = time.perf_counter()
     ids = [llm.add_request(p, params) for p in prompts]
     done = {}
@@ -162,37 +161,36 @@ def run_round(llm: LLM, prompts, params, label: str, progress: bool, on_step=Non
     outs = [done[i] for i in ids]
     after = llm.stats()
     delta = {k: after[k] - before[k] for k in after if isinstance(after[k], int)}
-    hash_us = (meter.total().us - hash_us) if meter else 0.0
-    return RoundResult([o.token_ids for o in outs], wall, [o.metrics["ttft"] for o in outs], delta, hash_us)
+    return RoundResult([o.token_ids for o in outs], wall, [o.metrics["ttft"] for o in outs], delta)
 
 
 # ----------------------------------------------------------------------------- printing
 
-def print_rounds(results: dict) -> None:
+def print_rounds(results: dict, per_call_us: float) -> None:
     print(f"\n  {'engine':12s} {'round':>5s} {'hit rate':>9s} {'computed':>9s} {'cached':>7s} "
-          f"{'TTFT ms':>8s} {'out tok/s':>10s} {'hashes':>7s} {'hash µs':>8s} {'evict':>6s} {'preempt':>8s}")
+          f"{'TTFT ms':>8s} {'out tok/s':>10s} {'hashes':>7s} {'evict':>6s} {'preempt':>8s}")
     for mode, rounds in results.items():
         for i, r in enumerate(rounds, 1):
             s = r.stats
             hit = s["prefix_cache_hits"] / s["prefix_cache_queries"] if s["prefix_cache_queries"] else 0.0
             print(f"  {mode:12s} {i:>5d} {hit:>8.1%} {s['prompt_tokens_computed']:>9d} "
                   f"{s['prompt_tokens_cached']:>7d} {1000 * statistics.mean(r.ttft):>8.1f} "
-                  f"{r.output_tokens / r.wall:>10.1f} {s['hash_computations']:>7d} {r.hash_us:>8.0f} "
+                  f"{r.output_tokens / r.wall:>10.1f} {s['hash_computations']:>7d} "
                   f"{s['evictions']:>6d} {s['preemptions']:>8d}")
-    print_round_notes(results)
+    print_round_notes(results, per_call_us)
 
 
-def print_round_notes(results: dict) -> None:
+def print_round_notes(results: dict, per_call_us: float) -> None:
     """What the columns mean, how the timings were taken, and what they show this run."""
-    worst = max(r.hash_us for mode in STRATEGIES for r in results[mode])
+    worst = per_call_us * max(r.stats["hash_computations"] for mode in STRATEGIES for r in results[mode])
     print("  TTFT: time to first token, mean over the round's requests; out tok/s: output tokens per "
           "second of wall time.\n  recompute = " + COLUMN_NAMES["recompute"] + ", the chapter's "
           "\"before\"; incremental = " + COLUMN_NAMES["incremental"] + ".")
     for n, (r, i) in enumerate(zip(results["recompute"], results["incremental"]), 1):
         print("  " + ttft_comparison(n, r, i))
-    print(f"  Hashing takes at most {worst / 1000:.1f} ms per round here, so a TTFT gap between the "
-          f"strategies larger than that\n  comes from the machine (run order, caches, other load), "
-          f"not from hashing.")
+    print(f"  Hashing takes at most {worst:.0f} µs per round here (hash calls x {per_call_us:.2f} µs), so a "
+          f"TTFT gap between\n  the strategies larger than that comes from the machine (run order, "
+          f"caches, other load), not from hashing.")
     r2 = [results[mode][1].stats["hash_computations"] for mode in STRATEGIES]
     if r2[0] == r2[1]:
         print("  Round 2's hashes are equal: each request is a new Sequence looked up once whose full "
@@ -242,9 +240,11 @@ def main(argv=None) -> int:
     print_samples(llm, demo.first_prompts, demo.tokens["incremental"][0])
     longest = max(demo.first_prompts, key=len)
     rows = {s: chapter_rows(str(model_dir), engine_args(args), longest, s) for s in STRATEGIES}
-    print_chapter_table(rows, len(longest), args.block_size, prefill_ms(str(model_dir), engine_args(args), longest))
+    per_call = us_per_hash_call(demo.engine.prefix_cache.hash_fn, args.block_size)
+    print_chapter_table(rows, len(longest), args.block_size,
+                        prefill_ms(str(model_dir), engine_args(args), longest), per_call)
     print("\nPer round (round 2 = round 1 again + follow-up turns extending round 1's answers):")
-    print_rounds(demo.results)
+    print_rounds(demo.results, per_call)
     if args.plot:
         from teaching import demo_plots
         demo_plots.write_all(Path(args.plot), rows, len(longest), str(model_dir), engine_args(args))
@@ -293,30 +293,29 @@ def run_all_modes(args, model_dir: Path) -> DemoRun:
     incremental first in round 2). The incremental engine draws the pool (``--show-blocks``)."""
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     engines = {mode: warm_engine(args, model_dir, mode) for mode in MODES}
-    demo = DemoRun({mode: [] for mode in MODES}, {}, [], engines["incremental"][0], [])
+    demo = DemoRun({mode: [] for mode in MODES}, {}, [], engines["incremental"], [])
     # The incremental engine's events by kind, for the pool drawings (they count twin foldings).
     counts = count_events(demo.engine) if args.show_blocks is not None else None
     demo.first_prompts = round1_prompts(demo.engine, model_dir, args.num_requests, args.seed)
     for n, order in ROUND_ORDER.items():
         for mode in order:
-            llm, meter = engines[mode]
+            llm = engines[mode]
             answers = demo.results[mode][0].token_ids if n == 2 else None
             prompts = demo.first_prompts if n == 1 else round2_prompts(demo.first_prompts, answers)
             show = (pool_drawer(demo.pools, args.show_blocks, n, counts) if mode == "incremental" else None)
             demo.results[mode].append(run_round(llm, prompts, params, f"{mode} round {n}",
-                                                not args.no_progress, on_step=show, meter=meter))
+                                                not args.no_progress, on_step=show))
     demo.tokens = {mode: tuple(r.token_ids for r in rounds) for mode, rounds in demo.results.items()}
     return demo
 
 
-def warm_engine(args, model_dir: Path, mode: str) -> tuple[LLM, HashMeter | None]:
-    """A fresh engine for ``mode`` after one tiny warm-up request, and its hash meter."""
+def warm_engine(args, model_dir: Path, mode: str) -> LLM:
+    """A fresh engine for ``mode`` after one tiny warm-up request."""
     llm = LLM(str(model_dir), **engine_args(args), **MODES[mode])
-    meter = HashMeter(llm.prefix_cache) if llm.prefix_cache else None
     warm_up = round1_prompts(llm, model_dir, 1, args.seed)[0][:8]
     llm.generate([warm_up], SamplingParams(max_tokens=2), use_tqdm=False)
     llm.reset_prefix_cache()
-    return llm, meter
+    return llm
 
 
 def pool_drawer(pools: list, step: int | None, round_no: int, counts):

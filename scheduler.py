@@ -1,8 +1,9 @@
 """Requests and their scheduling in step14_5: ``Sequence`` and the ``Scheduler``.
 
 A ``Sequence`` carries the chapter's state: ``_block_hashes`` (one chained hash per full
-block of its tokens, in order) and ``_prev_hash`` (the chain's last value, derived), so the
-prefix cache never rebuilds the chain for a request it has seen. Every field has one writer:
+block of its tokens, in order) and ``_prev_hash`` (the chain's last value, derived; before
+the first block it is ``_root_hash``, the chain's seed: 0, or the hash of the request's
+``cache_salt``), so the prefix cache never rebuilds the chain for a request it has seen. Every field has one writer:
 
 =================================================  ===========================================
 field                                              written by

@@ -61,7 +61,7 @@ def cells(block_size: int, prompt: list[int], model: str = str(DEMO_MODEL)) -> C
     cold, new = {}, {}
     for strategy in STRATEGIES:
         llm = LLM(model, block_size=block_size, num_kv_blocks=4 * len(prompt) // block_size,
-                  hash_strategy=strategy, device="cpu", dtype="float32")
+                  hash_strategy=strategy, device="cpu", dtype="float32", enforce_eager=True)
         cold[strategy] = hash_calls(llm, prompt)
         new[strategy] = hash_calls(llm, prompt)
     return Cells(block_size, len(prompt), cold, new)

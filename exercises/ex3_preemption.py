@@ -53,7 +53,7 @@ class Readmission:
 
 def measure_one(model: str, strategy: str) -> Readmission:
     llm = LLM(model, block_size=16, num_kv_blocks=30, max_num_batched_tokens=512,
-              hash_strategy=strategy, device="cpu", dtype="float32")
+              hash_strategy=strategy, device="cpu", dtype="float32", enforce_eager=True)
     vocab = llm.model_config.vocab_size
     params = SamplingParams(max_tokens=64, **GREEDY)
     for seed in (1, 2):

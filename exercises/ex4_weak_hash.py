@@ -51,7 +51,7 @@ class WeakHashOutcome:
 
 def measure(model: str = str(DEMO_MODEL), max_tokens: int = 8) -> WeakHashOutcome:
     prompt = demo_prompt(0)
-    engine = dict(device="cpu", dtype="float32", max_num_seqs=2, num_kv_blocks=128)
+    engine = dict(device="cpu", dtype="float32", max_num_seqs=2, num_kv_blocks=128, enforce_eager=True)
     reference = send(LLM(model, **engine), [prompt], max_tokens)[0]
     llm = LLM(model, **engine)
     llm.prefix_cache.hash_fn = three_values

@@ -45,7 +45,7 @@ class ChangedOutcome:
 
 def measure_one(model: str, block_size: int, position: int = POSITION) -> ChangedOutcome:
     llm = LLM(model, block_size=block_size, device="cpu", dtype="float32", max_num_seqs=2,
-              num_kv_blocks=4 * 528 // block_size)
+              num_kv_blocks=4 * 528 // block_size, enforce_eager=True)
     prompt = demo_prompt(0)
     changed = list(prompt)
     changed[position] = (prompt[position] + 1) % llm.model_config.vocab_size

@@ -256,7 +256,8 @@ def chain_llm(args, strategy: str, step_budget: int) -> LLM:
     return LLM(args.model, block_size=args.block_size, device=args.device, dtype=args.dtype,
                seed=args.seed, num_kv_blocks=args.num_kv_blocks, kv_cache_memory=args.kv_cache_memory,
                max_num_batched_tokens=max(step_budget, args.max_num_batched_tokens),
-               max_num_seqs=2, hash_strategy=strategy)  # 2: the pool is sized for two sequences
+               max_num_seqs=2, hash_strategy=strategy,  # 2: the pool is sized for two sequences
+               enforce_eager=True)  # a teaching run never waits for a compiler
 
 
 def print_header(llm: LLM, prompt: list[int], decode: int) -> None:

@@ -40,7 +40,9 @@ from prefix_cache import ChainEvent
 from teaching import step_story
 
 STRATEGIES = ("recompute", "incremental")
-PAGE_ENGINE = dict(block_size=4, num_kv_blocks=16, max_num_seqs=4, max_num_batched_tokens=64)
+# enforce_eager: a teaching run never waits for the fast layer's compiler (fast/kernels.py).
+PAGE_ENGINE = dict(block_size=4, num_kv_blocks=16, max_num_seqs=4, max_num_batched_tokens=64,
+                   enforce_eager=True)
 TEMPLATE = Path(__file__).with_name("step_page.html")
 COUNTERS = ("hash_computations", "prefix_cache_hits", "evictions", "preemptions")
 StepHook = Callable[[str, int, "Recorder"], None]  # (strategy, step number, recorder) after each step

@@ -99,3 +99,18 @@ def test_identical_check_fails_on_mismatch():
     assert run.report_identical({"a": same, "b": same}, 1) == 0
     assert run.report_identical({"a": same, "b": ([[1, 9]], [[1, 2], [3]])}, 1) == 1
     assert run.report_identical({"a": ([[1]], [[2], [3]])}, 1) == 1
+
+
+def test_the_demo_never_builds_the_compiled_kernel(llama_dir, tmp_path, monkeypatch, capsys):
+    """``python run.py`` does not pay for compiling: its engines are eager (no build of
+    fast/kernels.py's C++ decode kernel lands in an empty extensions directory)."""
+    from fast import kernels
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    kernels.decode_kernels.cache_clear()
+    try:
+        code = run.main(["--model", llama_dir, "--num-requests", "2", "--max-tokens", "3",
+                         "--block-size", "8", "--no-progress"])
+        assert code == 0, capsys.readouterr().out
+        assert list(tmp_path.iterdir()) == []
+    finally:
+        kernels.decode_kernels.cache_clear()
