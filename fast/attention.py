@@ -50,8 +50,8 @@ class Routes:
       with the rest of each context needs it; without it the shared kinds are not used).
     * ``tile_scores`` / ``min_tile_rows``: rows of scores per tile of ``matmul_attention``:
       enough that both matmuls run near the peak, few enough that a tile stays in cache.
-    * ``decode_kernel``: decode rows that share no leading blocks attend by the compiled
-      kernel (fast/kernels.py), one call per layer, instead of a dozen PyTorch ops.
+    * ``decode_kernel``: a sequence decoding alone (the interactive case) attends by the
+      compiled kernel (fast/kernels.py), one call per layer instead of a dozen PyTorch ops.
     """
 
     exact_decode_slots: bool
@@ -131,7 +131,7 @@ class LayerKV:
 #
 # Each step's tokens fall into these kinds of attention, chosen by FastAttention.plan:
 #   CausalPrefill       a prompt chunk from position 0: attends only to its own fresh K/V
-#   KernelDecode        the same, by the compiled kernel where there is one (no shared blocks)
+#   KernelDecode        one sequence decoding alone, by the compiled kernel where there is one
 #   PagedDecode         single-token queries over their paged context: exact slots (DecodeSlots)
 #                       on CPU float32, else equal-length chunks (DecodeChunks)
 #   SharedPrefixDecode  the same, when every sequence holds the same leading blocks
@@ -657,16 +657,18 @@ def _causal_prefill(batch: PackedBatch, row: int) -> CausalPrefill:
 
 
 def _decode_part(batch: PackedBatch, rows: np.ndarray):
-    """The shared-prefix kind when every row holds the same cached leading blocks (and some
-    layers attend fully, which is where sharing pays); else the compiled kernel where there
-    is one; plain decode chunks otherwise."""
+    """A lone sequence by the compiled kernel where there is one; the shared-prefix kind when
+    every row holds the same cached leading blocks (and some layers attend fully, which is
+    where sharing pays); plain decode chunks otherwise."""
     tables, starts = batch.tables[rows], batch.starts[rows]
     ends = starts + 1
+    # The kernel wins where PyTorch's per-op cost dominates: one sequence decoding alone. A
+    # batch's attention is large enough that the batched matmul kinds win.
+    if len(rows) == 1 and batch.routes.decode_kernel is not None:
+        return _kernel_decode(batch, rows, tables, ends)
     # A lone sequence gains nothing from scoring "shared" blocks once.
     sharing = None in batch.windows and len(rows) > 1
     num_shared = _num_common_blocks(tables, starts, batch.block_size) if sharing else 0
-    if num_shared == 0 and batch.routes.decode_kernel is not None:
-        return _kernel_decode(batch, rows, tables, ends)
     index = batch.tensor(batch.first_token[rows])
     windowed = {w: _decode_keys(batch, tables, np.maximum(ends - w, 0), ends)
                 for w in batch.windows if w is not None}

@@ -292,11 +292,11 @@ def kernel_routes():
 
 @pytest.mark.parametrize("windows", [{None}, {None, 6}, {5}])
 def test_kernel_decode_beside_prompt_chunks(kernel_routes, windows):
-    """Decode rows by the compiled kernel, equal to the plain path: a lone sequence and a batch,
-    contexts of one block, a partial block and several chunks, windows that start inside a
-    block, a prompt chunk and a chunk after a prefix in the same step."""
+    """A lone decoding sequence by the compiled kernel, equal to the plain path: contexts of
+    less than a block, one block and several chunks, windows that start inside a block, a
+    prompt chunk in the same step; a decode batch keeps the batched kinds."""
     plan = run_batch(mixed_batch(), windows, seed=12, routes=kernel_routes)
-    assert {type(p) for p in plan.parts} == {KernelDecode, CausalPrefill, PagedPrefill}
+    assert {type(p) for p in plan.parts} == {PagedDecode, CausalPrefill, PagedPrefill}  # a batch
     for context in (BLOCK - 1, BLOCK, LONG):
         chunks = [SeqChunk(0, 5, table(100, 2)), SeqChunk(context, 1, table(7, blocks_for(context + 1)))]
         plan = run_batch(chunks, windows, seed=context, routes=kernel_routes)
@@ -316,7 +316,7 @@ def test_kernel_leaves_shared_prefixes_to_the_shared_kind(kernel_routes):
 def test_kernel_decode_in_half_precision(kernel_routes, dtype, windows):
     """The kernel in bfloat16 / float16 against the plain path in float32, and no worse than a
     small factor of the plain path's own error in that dtype."""
-    chunks = [SeqChunk(LONG, 1, table(7, blocks_for(LONG + 1))), SeqChunk(9, 1, table(80, 3))]
+    chunks = [SeqChunk(LONG, 1, table(7, blocks_for(LONG + 1)))]
     q, k, v, pool_k, pool_v, meta = random_step(chunks, seed=11)
     low = [x.to(dtype) for x in (q, k, v, pool_k, pool_v)]
     plan = FastAttention(windows, HEADS // KV_HEADS, dtype, CPU, kernel_routes).plan(chunks, BLOCK)

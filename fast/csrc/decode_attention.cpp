@@ -6,14 +6,41 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
 namespace {
 
-inline float to_float(float x) { return x; }
-inline float to_float(c10::BFloat16 x) { return static_cast<float>(x); }
-inline float to_float(c10::Half x) { return static_cast<float>(x); }
+// One row of D values as float32. bfloat16 is the top half of a float32: a shift the compiler
+// vectorizes (c10's scalar conversion it does not).
+inline void load_row(const float* src, float* dst, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
+inline void load_row(const c10::BFloat16* src, float* dst, int64_t n) {
+  const uint16_t* bits = reinterpret_cast<const uint16_t*>(src);
+  uint32_t* out = reinterpret_cast<uint32_t*>(dst);
+  for (int64_t d = 0; d < n; ++d) out[d] = static_cast<uint32_t>(bits[d]) << 16;
+}
+inline void load_row(const double* src, float* dst, int64_t n) {
+  for (int64_t d = 0; d < n; ++d) dst[d] = static_cast<float>(src[d]);
+}
+inline void load_row(const c10::Half* src, float* dst, int64_t n) {
+  for (int64_t d = 0; d < n; ++d) dst[d] = static_cast<float>(src[d]);
+}
+
+// A dot product in LANES independent partial sums, so the compiler vectorizes it without
+// being allowed to reorder float additions (-ffast-math) anywhere else.
+constexpr int64_t LANES = 16;
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  float part[LANES] = {0.f};
+  int64_t d = 0;
+  for (; d + LANES <= n; d += LANES)
+    for (int64_t l = 0; l < LANES; ++l) part[l] += a[d + l] * b[d + l];
+  float s = 0.f;
+  for (; d < n; ++d) s += a[d] * b[d];
+  for (int64_t l = 0; l < LANES; ++l) s += part[l];
+  return s;
+}
 
 template <typename T>
 void attend_group(const T* q, const T* pool_k, const T* pool_v, const int64_t* table,
@@ -21,18 +48,14 @@ void attend_group(const T* q, const T* pool_k, const T* pool_v, const int64_t* t
                   float scale, T* out, int64_t out_stride) {
   const int64_t count = hi - lo;
   std::vector<float> query(group * dim), scores(group * count), acc(group * dim, 0.f);
-  for (int64_t i = 0; i < group * dim; ++i) query[i] = to_float(q[i]) * scale;
+  load_row(q, query.data(), group * dim);
+  for (int64_t i = 0; i < group * dim; ++i) query[i] *= scale;
   std::vector<float> row(dim);
   for (int64_t p = lo; p < hi; ++p) {
     const int64_t slot = table[p / block_size] * block_size + p % block_size;
-    const T* key = pool_k + slot * dim;
-    for (int64_t d = 0; d < dim; ++d) row[d] = to_float(key[d]);
-    for (int64_t g = 0; g < group; ++g) {
-      const float* qg = query.data() + g * dim;
-      float s = 0.f;
-      for (int64_t d = 0; d < dim; ++d) s += qg[d] * row[d];
-      scores[g * count + (p - lo)] = s;
-    }
+    load_row(pool_k + slot * dim, row.data(), dim);
+    for (int64_t g = 0; g < group; ++g)
+      scores[g * count + (p - lo)] = dot(query.data() + g * dim, row.data(), dim);
   }
   for (int64_t g = 0; g < group; ++g) {
     float* sg = scores.data() + g * count;
@@ -43,8 +66,7 @@ void attend_group(const T* q, const T* pool_k, const T* pool_v, const int64_t* t
   }
   for (int64_t p = lo; p < hi; ++p) {
     const int64_t slot = table[p / block_size] * block_size + p % block_size;
-    const T* value = pool_v + slot * dim;
-    for (int64_t d = 0; d < dim; ++d) row[d] = to_float(value[d]);
+    load_row(pool_v + slot * dim, row.data(), dim);
     for (int64_t g = 0; g < group; ++g) {
       const float w = scores[g * count + (p - lo)];
       float* ag = acc.data() + g * dim;

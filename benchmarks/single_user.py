@@ -1,0 +1,176 @@
+"""One checkpoint, the shapes a CPU user feels: this engine beside llama.cpp (optional).
+
+    python -m benchmarks.single_user --model CKPT [--threads 1,2] [--llamacpp-bin DIR --gguf FILE]
+
+Rows (tok/s, best of ``--repeats``): prefill of one 512-token prompt; prefill of 16 x 256;
+decode of 16 sequences (256-token prompts, 64 new); decode of one sequence (128 new). Decode
+rates exclude the prefill: the time of N new tokens minus the time of 1, as llama.cpp's
+``tg`` and ``batched-bench`` count them. Each thread count also gets the weight-streaming
+bound of batch-1 decode: the bytes of every weight a token reads (all but the embedding),
+over the read bandwidth measured at that thread count. llama.cpp, when given, runs its own
+``llama-bench`` and ``llama-batched-bench`` on the same weights converted to GGUF (never a
+dependency: docs/benchmarks.md says how to build it).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROWS = ("prefill, one 512-token prompt", "prefill, 16 x 256 tokens",
+        "decode, batch 16 (256-token prompts, 64 new)", "decode, batch 1, 128 tokens")
+
+
+@dataclass
+class Table:
+    threads: list[int]
+    ours: dict = field(default_factory=dict)       # (row, threads) -> tok/s
+    llamacpp: dict = field(default_factory=dict)   # (row, threads) -> tok/s
+    bound: dict = field(default_factory=dict)      # threads -> batch-1 decode bound, tok/s
+    describe: str = ""
+
+
+def prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return rng.integers(10, vocab - 10, size=(n, length)).tolist()
+
+
+def timed_generate(llm, batch: list[list[int]], new: int) -> float:
+    from engine import SamplingParams
+    params = SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True)
+    llm.reset_prefix_cache()
+    start = time.perf_counter()
+    llm.generate(batch, params, use_tqdm=False)
+    return time.perf_counter() - start
+
+
+def measure_ours(model: str, threads: int, repeats: int, engine_kw: dict) -> tuple[dict, str]:
+    """Each row's best tok/s at ``threads`` compute threads, and the backend's description."""
+    from engine import LLM
+    torch.set_num_threads(threads)
+    llm = LLM(model, num_threads=threads, max_num_seqs=16, max_num_batched_tokens=2048,
+              enable_prefix_caching=False, **engine_kw)
+    vocab = llm.model_config.vocab_size
+    one, sixteen = prompts(1, 512, vocab, 1), prompts(16, 256, vocab, 2)
+    short = prompts(1, 16, vocab, 3)
+    timed_generate(llm, short, 8)  # warm-up
+    best = {row: 0.0 for row in ROWS}
+    for _ in range(repeats):
+        rates = {ROWS[0]: 512 / timed_generate(llm, one, 1),
+                 ROWS[1]: 16 * 256 / timed_generate(llm, sixteen, 1),
+                 ROWS[2]: 16 * 63 / (timed_generate(llm, sixteen, 64) - timed_generate(llm, sixteen, 1)),
+                 ROWS[3]: 127 / (timed_generate(llm, short, 128) - timed_generate(llm, short, 1))}
+        best = {row: max(best[row], rate) for row, rate in rates.items()}
+    return best, llm.llm_engine.engine_core.model_runner.backend.describe()
+
+
+def streamed_bytes(model: str) -> int:
+    """Bytes of the weights one decode token reads: every tensor but the input embedding."""
+    from safetensors import safe_open
+    total = 0
+    for path in sorted(Path(model).glob("*.safetensors")):
+        with safe_open(str(path), "pt") as f:
+            for name in f.keys():
+                if "embed_tokens" not in name:
+                    t = f.get_slice(name)
+                    total += int(np.prod(t.get_shape())) * _itemsize(t.get_dtype())
+    return total
+
+
+def _itemsize(dtype: str) -> int:
+    return {"F32": 4, "BF16": 2, "F16": 2}[dtype]
+
+
+def read_bandwidth(threads: int, gib: float = 1.0) -> float:
+    """Bytes per second a sum over ``gib`` GiB of bfloat16 reads, best of 5."""
+    torch.set_num_threads(threads)
+    data = torch.ones(int(gib * (1 << 30)) // 2, dtype=torch.bfloat16)
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        data.sum(dtype=torch.float32)
+        best = min(best, time.perf_counter() - start)
+    return data.numel() * 2 / best
+
+
+def measure_llamacpp(bin_dir: str, gguf: str, threads: int, repeats: int) -> dict:
+    """llama-bench (pp512, tg128) and llama-batched-bench (16 x 256 prompts, 64 new)."""
+    bench = subprocess.run([str(Path(bin_dir) / "llama-bench"), "-m", gguf, "-p", "512", "-n", "128",
+                            "-t", str(threads), "-r", str(repeats), "-o", "json"],
+                           capture_output=True, text=True, check=True)
+    rates = {}
+    for test in json.loads(bench.stdout):
+        rates[ROWS[0] if test["n_prompt"] else ROWS[3]] = test["avg_ts"]
+    batched = subprocess.run([str(Path(bin_dir) / "llama-batched-bench"), "-m", gguf, "-c", "8192",
+                              "-b", "2048", "-ub", "512", "-npp", "256", "-ntg", "64", "-npl", "16",
+                              "-t", str(threads), "--output-format", "jsonl"],
+                             capture_output=True, text=True, check=True)
+    row = json.loads([line for line in batched.stdout.splitlines() if line.startswith("{")][-1])
+    rates[ROWS[1]], rates[ROWS[2]] = row["speed_pp"], row["speed_tg"]
+    return rates
+
+
+def run(model: str, threads: list[int], repeats: int = 3, llamacpp_bin: str | None = None,
+        gguf: str | None = None, engine_kw: dict | None = None) -> Table:
+    table = Table(threads)
+    weights = streamed_bytes(model)
+    for t in threads:
+        rates, table.describe = measure_ours(model, t, repeats, engine_kw or {})
+        table.ours.update({(row, t): rate for row, rate in rates.items()})
+        table.bound[t] = read_bandwidth(t) / weights
+        if llamacpp_bin and gguf:
+            table.llamacpp.update({(row, t): rate for row, rate in
+                                   measure_llamacpp(llamacpp_bin, gguf, t, repeats).items()})
+    return table
+
+
+def report(table: Table) -> list[str]:
+    peer = bool(table.llamacpp)
+    lines = ["| metric | threads | " + ("llama.cpp | " if peer else "") + "this engine | "
+             + ("ratio |" if peer else ""),
+             "|---|---|" + ("---:|" if peer else "") + "---:|" + ("---:|" if peer else "")]
+    for row in ROWS:
+        for t in table.threads:
+            ours = table.ours[(row, t)]
+            cells = [row, str(t)]
+            if peer:
+                theirs = table.llamacpp[(row, t)]
+                cells += [f"{theirs:.1f}", f"{ours:.1f}", f"{ours / theirs:.2f}x"]
+            else:
+                cells.append(f"{ours:.1f}")
+            lines.append("| " + " | ".join(cells) + " |")
+    for t in table.threads:
+        bound = table.bound[t]
+        share = f"this engine {table.ours[(ROWS[3], t)] / bound:.0%}"
+        if peer:
+            share = f"llama.cpp {table.llamacpp[(ROWS[3], t)] / bound:.0%}, " + share
+        lines.append(f"\nBatch-1 decode bound at {t} thread(s): {bound:.1f} tok/s (weights over the "
+                     f"measured read bandwidth); reached: {share}.")
+    lines.append(f"\nThis engine: {table.describe}.")
+    return lines
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.single_user", description=__doc__.split("\n")[0])
+    p.add_argument("--model", required=True, help="a local checkpoint directory")
+    p.add_argument("--threads", default="1,2", help="compute threads, comma-separated")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--enforce-eager", action="store_true", help="without the compiled kernels")
+    p.add_argument("--llamacpp-bin", help="llama.cpp's build/bin (llama-bench, llama-batched-bench)")
+    p.add_argument("--gguf", help="the same checkpoint converted by llama.cpp's convert_hf_to_gguf.py")
+    args = p.parse_args(argv)
+    table = run(args.model, [int(t) for t in args.threads.split(",")], args.repeats,
+                args.llamacpp_bin, args.gguf, dict(dtype=args.dtype, enforce_eager=args.enforce_eager))
+    print("\n".join(report(table)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
