@@ -10,6 +10,8 @@ from pathlib import Path
 
 ANSWERS = Path(__file__).resolve().parent / "answers.json"
 SYNONYMS = {"true": "yes", "y": "yes", "false": "no", "n": "no", "same": "equal", "less": "fewer"}
+ZH_SYNONYMS = {"是": "yes", "否": "no", "不": "no", "更少": "fewer", "少": "fewer", "相等": "equal",
+               "相同": "equal", "一样": "equal", "更多": "more", "多": "more"}
 
 
 def load_answers() -> dict[int, dict]:
@@ -17,20 +19,29 @@ def load_answers() -> dict[int, dict]:
 
 
 def normalise(words: list[str]) -> list[str]:
-    """'512, 256' / 'Yes' / 'same' -> ['512', '256'] / ['yes'] / ['equal']: spaces, commas and
-    semicolons separate values."""
+    """'512, 256' / 'Yes' / 'same' / '是' -> ['512', '256'] / ['yes'] / ['equal'] / ['yes']:
+    spaces, commas and semicolons (full-width ones and '、' too) separate values."""
     values = []
-    for word in re.split(r"[\s,;]+", " ".join(words)):
+    for word in re.split(r"[\s,;，；、]+", " ".join(words)):
         word = word.strip().lower()
         if word:
-            values.append(SYNONYMS.get(word, word))
+            values.append(SYNONYMS.get(word, ZH_SYNONYMS.get(word, word)))
     return values
 
 
-def check(number: int, prediction: list[str], asks: tuple[str, ...]) -> tuple[bool, str]:
-    """(right?, what to print). The message never contains the answer unless it is right."""
+def check(number: int, prediction: list[str], asks: tuple[str, ...], lang: str = "en") -> tuple[bool, str]:
+    """(right?, what to print). The message never contains the answer unless it is right.
+    ``lang="zh"``: the message in Chinese (exercises/zh.py), ``asks`` its Chinese labels."""
     expected = load_answers()[number]
     values = normalise(prediction)
+    if lang == "zh":
+        from exercises.zh import MESSAGES, TEXTS
+        if len(values) != len(asks):
+            return False, MESSAGES["count"].format(number=number, n=len(asks), asks="；".join(asks),
+                                                   got=len(values))
+        if values == [str(v).lower() for v in expected["values"]]:
+            return True, MESSAGES["right"].format(why=TEXTS[number]["WHY"])
+        return False, MESSAGES["wrong"].format(number=number)
     if len(values) != len(asks):
         return False, (f"Exercise {number} takes {len(asks)} values, in this order: "
                        + "; ".join(asks) + f". Got {len(values)}.")

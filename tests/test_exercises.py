@@ -3,6 +3,7 @@ now, each measurement is what the chapter's reasoning predicts, and the checker 
 right prediction and rejects a wrong one without printing the answer."""
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -16,6 +17,14 @@ from exercises.checker import load_answers, normalise
 
 ROOT = Path(__file__).resolve().parent.parent
 ANSWERS = load_answers()
+
+
+@pytest.fixture(autouse=True)
+def english_locale(monkeypatch):
+    """These tests read the English texts: no LANG / LC_ALL starting with zh from the shell
+    (tests/test_exercises_zh.py checks the Chinese ones)."""
+    monkeypatch.delenv("LC_ALL", raising=False)
+    monkeypatch.setenv("LANG", "C.UTF-8")
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +138,10 @@ def test_listing_hints_and_checking_do_not_import_torch(tmp_path):
               "for argv in ([], ['3'], ['3', '--hint'], ['3', '--answer', '1', '2', '3']):\n"
               "    main(argv)\n"
               "print('torch imported:', 'torch' in sys.modules)\n")
-    run = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    env = {**os.environ, "LANG": "C.UTF-8"}
+    env.pop("LC_ALL", None)
+    run = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env=env)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip().endswith("torch imported: False")
     assert "3. " + text_of(3).TITLE in run.stdout
