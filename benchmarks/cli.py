@@ -98,6 +98,12 @@ def parse_args(argv=None, shapes: dict | None = None) -> argparse.Namespace:
                    help="timed runs per system and workload; the fastest is kept (default 1)")
     p.add_argument("--hf-generate-batch-size", type=int, default=None,
                    help="batch size of padded model.generate (default: all requests at once)")
+    p.add_argument("--single-user", action="store_true",
+                   help="also the single-user table (benchmarks/single_user.py) on its Llama "
+                        "checkpoint, beside llama.cpp when --llamacpp-bin and --gguf are given")
+    p.add_argument("--single-user-model", help="that checkpoint (default: built on the fly)")
+    p.add_argument("--llamacpp-bin", help="llama.cpp's build/bin (llama-bench, llama-batched-bench)")
+    p.add_argument("--gguf", help="the single-user checkpoint converted to GGUF by llama.cpp")
     p.add_argument("--json", help="write the results to this path")
     p.add_argument("--markdown", help="write the report as markdown to this path "
                                       "(e.g. docs/benchmarks_results.md)")
@@ -399,6 +405,8 @@ def main(argv=None, sizes: Sizes | None = None, shapes: dict | None = None) -> d
                                report_lines(sections) + ["", IN_PROGRESS],
                                args.append_markdown)
     lines = print_report(sections, log)
+    if args.single_user:
+        lines += single_user_lines(args)
     report = build_json(args, base, device, sections)
     if args.json:
         with open(args.json, "w") as out:
@@ -408,6 +416,19 @@ def main(argv=None, sizes: Sizes | None = None, shapes: dict | None = None) -> d
         write_markdown(args.markdown, argv, device, started, lines, args.append_markdown)
         log(f"wrote {args.markdown}")
     return report
+
+
+def single_user_lines(args) -> list[str]:
+    """The single-user table, one or two compute threads as --threads names them."""
+    from . import single_user
+    threads = sorted({int(c) if c.isdigit() else os.cpu_count() or 1 for c in args.thread_configs})
+    with tempfile.TemporaryDirectory(prefix="single_user_") as tmp:
+        model = args.single_user_model or single_user.build_llama_06(tmp)
+        table = single_user.run(model, threads, max(args.repeats, 2), args.llamacpp_bin, args.gguf)
+    lines = ["", "### Single user: Qwen3-0.6B's body as a Llama, bfloat16", ""] + single_user.report(table)
+    for line in lines:
+        log(line)
+    return lines
 
 
 def header_line(args, device: torch.device) -> str:

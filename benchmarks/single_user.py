@@ -23,13 +23,31 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROWS = ("prefill, one 512-token prompt", "prefill, 16 x 256 tokens",
-        "decode, batch 16 (256-token prompts, 64 new)", "decode, batch 1, 128 tokens")
+@dataclass(frozen=True)
+class Shape:
+    """The sizes of the rows (the issue's table; the smoke test shrinks them)."""
+
+    long_prompt: int = 512
+    prompt: int = 256
+    batch: int = 16
+    batch_new: int = 64
+    single_new: int = 128
+
+    @property
+    def rows(self) -> tuple[str, ...]:
+        return (f"prefill, one {self.long_prompt}-token prompt",
+                f"prefill, {self.batch} x {self.prompt} tokens",
+                f"decode, batch {self.batch} ({self.prompt}-token prompts, {self.batch_new} new)",
+                f"decode, batch 1, {self.single_new} tokens")
+
+
+ROWS = Shape().rows
 
 
 @dataclass
 class Table:
     threads: list[int]
+    shape: Shape
     ours: dict = field(default_factory=dict)       # (row, threads) -> tok/s
     llamacpp: dict = field(default_factory=dict)   # (row, threads) -> tok/s
     bound: dict = field(default_factory=dict)      # threads -> batch-1 decode bound, tok/s
@@ -50,22 +68,26 @@ def timed_generate(llm, batch: list[list[int]], new: int) -> float:
     return time.perf_counter() - start
 
 
-def measure_ours(model: str, threads: int, repeats: int, engine_kw: dict) -> tuple[dict, str]:
+def measure_ours(model: str, threads: int, repeats: int, engine_kw: dict,
+                 shape: Shape) -> tuple[dict, str]:
     """Each row's best tok/s at ``threads`` compute threads, and the backend's description."""
     from engine import LLM
     torch.set_num_threads(threads)
-    llm = LLM(model, num_threads=threads, max_num_seqs=16, max_num_batched_tokens=2048,
+    llm = LLM(model, num_threads=threads, max_num_seqs=shape.batch, max_num_batched_tokens=2048,
               enable_prefix_caching=False, **engine_kw)
     vocab = llm.model_config.vocab_size
-    one, sixteen = prompts(1, 512, vocab, 1), prompts(16, 256, vocab, 2)
+    one, batch = prompts(1, shape.long_prompt, vocab, 1), prompts(shape.batch, shape.prompt, vocab, 2)
     short = prompts(1, 16, vocab, 3)
     timed_generate(llm, short, 8)  # warm-up
-    best = {row: 0.0 for row in ROWS}
+    rows, best = shape.rows, dict.fromkeys(shape.rows, 0.0)
     for _ in range(repeats):
-        rates = {ROWS[0]: 512 / timed_generate(llm, one, 1),
-                 ROWS[1]: 16 * 256 / timed_generate(llm, sixteen, 1),
-                 ROWS[2]: 16 * 63 / (timed_generate(llm, sixteen, 64) - timed_generate(llm, sixteen, 1)),
-                 ROWS[3]: 127 / (timed_generate(llm, short, 128) - timed_generate(llm, short, 1))}
+        prefill_batch = timed_generate(llm, batch, 1)
+        rates = {rows[0]: shape.long_prompt / timed_generate(llm, one, 1),
+                 rows[1]: shape.batch * shape.prompt / prefill_batch,
+                 rows[2]: shape.batch * (shape.batch_new - 1)
+                 / (timed_generate(llm, batch, shape.batch_new) - prefill_batch),
+                 rows[3]: (shape.single_new - 1)
+                 / (timed_generate(llm, short, shape.single_new) - timed_generate(llm, short, 1))}
         best = {row: max(best[row], rate) for row, rate in rates.items()}
     return best, llm.llm_engine.engine_core.model_runner.backend.describe()
 
@@ -88,15 +110,16 @@ def _itemsize(dtype: str) -> int:
 
 
 def read_bandwidth(threads: int, gib: float = 1.0) -> float:
-    """Bytes per second a sum over ``gib`` GiB of bfloat16 reads, best of 5."""
+    """Bytes per second that a sum over ``gib`` GiB of float32 reads (a read-only stream, as
+    a matrix-vector product's weights are; the fastest read measured here), best of 5."""
     torch.set_num_threads(threads)
-    data = torch.ones(int(gib * (1 << 30)) // 2, dtype=torch.bfloat16)
+    data = torch.ones(int(gib * (1 << 30)) // 4, dtype=torch.float32)
     best = float("inf")
     for _ in range(5):
         start = time.perf_counter()
-        data.sum(dtype=torch.float32)
+        data.sum()
         best = min(best, time.perf_counter() - start)
-    return data.numel() * 2 / best
+    return data.numel() * 4 / best
 
 
 def measure_llamacpp(bin_dir: str, gguf: str, threads: int, repeats: int) -> dict:
@@ -116,12 +139,33 @@ def measure_llamacpp(bin_dir: str, gguf: str, threads: int, repeats: int) -> dic
     return rates
 
 
+# The single-user checkpoint: Qwen3-0.6B's body as a Llama (llama.cpp converts it as such)
+# with the demo model's vocabulary, bfloat16, random weights.
+LLAMA_06 = dict(vocab_size=2048, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                num_attention_heads=16, num_key_value_heads=8, head_dim=128, rope_theta=1e6,
+                rms_norm_eps=1e-6, max_position_embeddings=4096, tie_word_embeddings=False,
+                bos_token_id=1, eos_token_id=2)
+
+
+def build_llama_06(out_dir: str, seed: int = 0) -> str:
+    """The single-user checkpoint, with the demo model's tokenizer (what llama.cpp's converter
+    needs; the bench itself feeds token ids)."""
+    import shutil
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(seed)
+    LlamaForCausalLM(LlamaConfig(**LLAMA_06)).to(torch.bfloat16).save_pretrained(out_dir)
+    demo = Path(__file__).resolve().parent.parent / "demo_model"
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(demo / name, out_dir)
+    return out_dir
+
+
 def run(model: str, threads: list[int], repeats: int = 3, llamacpp_bin: str | None = None,
-        gguf: str | None = None, engine_kw: dict | None = None) -> Table:
-    table = Table(threads)
+        gguf: str | None = None, engine_kw: dict | None = None, shape: Shape = Shape()) -> Table:
+    table = Table(threads, shape)
     weights = streamed_bytes(model)
     for t in threads:
-        rates, table.describe = measure_ours(model, t, repeats, engine_kw or {})
+        rates, table.describe = measure_ours(model, t, repeats, engine_kw or {}, shape)
         table.ours.update({(row, t): rate for row, rate in rates.items()})
         table.bound[t] = read_bandwidth(t) / weights
         if llamacpp_bin and gguf:
@@ -135,7 +179,7 @@ def report(table: Table) -> list[str]:
     lines = ["| metric | threads | " + ("llama.cpp | " if peer else "") + "this engine | "
              + ("ratio |" if peer else ""),
              "|---|---|" + ("---:|" if peer else "") + "---:|" + ("---:|" if peer else "")]
-    for row in ROWS:
+    for row in table.shape.rows:
         for t in table.threads:
             ours = table.ours[(row, t)]
             cells = [row, str(t)]
@@ -147,9 +191,10 @@ def report(table: Table) -> list[str]:
             lines.append("| " + " | ".join(cells) + " |")
     for t in table.threads:
         bound = table.bound[t]
-        share = f"this engine {table.ours[(ROWS[3], t)] / bound:.0%}"
+        single = table.shape.rows[3]
+        share = f"this engine {table.ours[(single, t)] / bound:.0%}"
         if peer:
-            share = f"llama.cpp {table.llamacpp[(ROWS[3], t)] / bound:.0%}, " + share
+            share = f"llama.cpp {table.llamacpp[(single, t)] / bound:.0%}, " + share
         lines.append(f"\nBatch-1 decode bound at {t} thread(s): {bound:.1f} tok/s (weights over the "
                      f"measured read bandwidth); reached: {share}.")
     lines.append(f"\nThis engine: {table.describe}.")
@@ -158,7 +203,9 @@ def report(table: Table) -> list[str]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.single_user", description=__doc__.split("\n")[0])
-    p.add_argument("--model", required=True, help="a local checkpoint directory")
+    p.add_argument("--model", help="a local checkpoint directory (default: the single-user "
+                                   "Llama built on the fly; --build DIR keeps it)")
+    p.add_argument("--build", help="build the single-user checkpoint into DIR and exit")
     p.add_argument("--threads", default="1,2", help="compute threads, comma-separated")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--dtype", default="auto")
@@ -166,6 +213,13 @@ def main(argv=None) -> int:
     p.add_argument("--llamacpp-bin", help="llama.cpp's build/bin (llama-bench, llama-batched-bench)")
     p.add_argument("--gguf", help="the same checkpoint converted by llama.cpp's convert_hf_to_gguf.py")
     args = p.parse_args(argv)
+    if args.build:
+        print(build_llama_06(args.build))
+        return 0
+    if args.model is None:
+        import tempfile
+        with tempfile.TemporaryDirectory(prefix="single_user_") as tmp:
+            return main([*(argv or []), "--model", build_llama_06(tmp)])
     table = run(args.model, [int(t) for t in args.threads.split(",")], args.repeats,
                 args.llamacpp_bin, args.gguf, dict(dtype=args.dtype, enforce_eager=args.enforce_eager))
     print("\n".join(report(table)))

@@ -250,3 +250,15 @@ def test_hf_rows_run_at_the_default_count(bench_run):
     from benchmarks.threads import INITIAL_THREADS
     hf_default = [r for r in report["runs"] if r["system"].startswith("HF") and r["threads"] == "default"]
     assert hf_default and all(r["compute_threads"] == INITIAL_THREADS for r in hf_default)
+
+
+def test_single_user_table_on_a_small_checkpoint(llama_dir):
+    """benchmarks/single_user.py measures every row at a thread count, with the batch-1 decode
+    bound from the checkpoint's weights and the measured bandwidth, and reports them all."""
+    from benchmarks import single_user
+    shape = single_user.Shape(long_prompt=64, prompt=32, batch=4, batch_new=8, single_new=16)
+    table = single_user.run(llama_dir, [1], repeats=1, engine_kw=dict(enforce_eager=True), shape=shape)
+    assert all(table.ours[(row, 1)] > 0 for row in shape.rows)
+    assert table.bound[1] > 0 and single_user.streamed_bytes(llama_dir) > 0
+    text = "\n".join(single_user.report(table))
+    assert all(f"| {row} | 1 |" in text for row in shape.rows) and "llama.cpp" not in text.split("\n")[0]
