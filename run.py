@@ -71,9 +71,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
     p.add_argument("--seed", type=int, default=0, help="sampling seed and random-prompt seed")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch CPU threads, the same in every mode (default 1: the models are tiny; the "
-                        "engine uses fewer only if other processes keep the cores busy)")
+    p.add_argument("--threads", type=int, default=torch.get_num_threads(),
+                   help="torch CPU threads, the same in every mode (default: every core torch sees; "
+                        "the engine uses fewer only if other processes keep the cores busy)")
     p.add_argument("--show-blocks", type=int, nargs="?", const=1, default=None, metavar="STEP",
                    help="draw the KV pool after this step of round 1 and of round 2 (incremental engine)")
     p.add_argument("--chain", action="store_true", help="trace one request's chain of block hashes instead")

@@ -17,7 +17,7 @@ from helpers import make_llm, random_prompt
 
 def test_run_demo_small(llama_dir, capsys):
     code = run.main(["--model", llama_dir, "--num-requests", "3", "--max-tokens", "6",
-                     "--block-size", "8", "--no-progress", "--show-blocks", "2"])
+                     "--block-size", "8", "--no-progress", "--show-blocks", "2", "--threads", "1"])
     out = capsys.readouterr().out
     assert code == 0, out
     assert "-> OK" in out
