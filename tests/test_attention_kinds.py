@@ -20,6 +20,7 @@ from fast import attention
 from fast.attention import (DECODE_CHUNK_TOKENS, CausalPrefill, DecodeChunks, DecodeSlots,
                             FastAttention, KernelDecode, PagedDecode, PagedPrefill, Routes, SharedPrefixDecode,
                             SharedPrefixPrefill)
+from engine import SamplingParams
 from model import AttentionMetadata, SeqChunk, paged_attention, write_kv
 
 BLOCK, KV_HEADS, HEADS, DIM, NUM_BLOCKS = 4, 2, 4, 8, 200
@@ -327,3 +328,23 @@ def test_kernel_decode_in_half_precision(kernel_routes, dtype, windows):
         got = plan.attend(*low, window)
         assert got.dtype == dtype
         assert mean_error(got, expected) <= BF16_ERROR_FACTOR * mean_error(plain, expected), window
+
+
+def test_without_a_compiler_the_fast_layer_keeps_pytorch_and_says_why(monkeypatch, llama_dir):
+    """No C++ compiler: no kernel, a reason naming the compiler, and an engine that runs on the
+    PyTorch kinds and says so in its description."""
+    from fast import kernels
+    from helpers import make_llm
+    monkeypatch.setenv("CXX", "no-such-compiler-step14")
+    kernels.decode_kernels.cache_clear()
+    try:
+        build = kernels.decode_kernels()
+        assert build.module is None and "no-such-compiler-step14" in build.reason
+        llm = make_llm(llama_dir, enforce_eager=False)
+        backend = llm.llm_engine.engine_core.model_runner.backend
+        assert backend.attention.routes.decode_kernel is None
+        assert "no C++ kernels (no C++ compiler 'no-such-compiler-step14' on PATH)" in backend.describe()
+        assert len(llm.generate([[5, 6, 7]], SamplingParams(max_tokens=3, temperature=0), use_tqdm=False)[0]
+                   .outputs[0].token_ids) == 3
+    finally:
+        kernels.decode_kernels.cache_clear()
