@@ -18,7 +18,14 @@ def language(chosen: str | None) -> str:
     return "zh" if locale.lower().startswith("zh") else "en"
 
 
-def main(argv: list[str] | None = None) -> int:
+ENGLISH_USAGE = ("\npython -m exercises N               the setup and what to predict\n"
+                 "python -m exercises N --answer ...  check your prediction\n"
+                 "python -m exercises N --hint        a nudge\n"
+                 "python -m exercises N --run         run it (shows the answer)\n"
+                 "python -m exercises N --lang zh     in Chinese (中文)")
+
+
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m exercises",
                                 description="Predict, then check: exercises on the chapter step14_5.")
     p.add_argument("number", type=int, nargs="?", choices=sorted(MODULES), help="the exercise")
@@ -28,7 +35,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lang", choices=("en", "zh"),
                    help="en or zh (中文): the list, question, hint and feedback; default zh when "
                         "LC_ALL or LANG starts with zh, else en. --run's report stays English")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     lang = language(args.lang)
     if lang == "zh":
         from exercises import zh
@@ -38,12 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.number is None:
         for number in sorted(MODULES):
             print(f"  {number}. {text_of(number, lang).TITLE}")
-        print(messages["usage"] if messages else
-              "\npython -m exercises N               the setup and what to predict\n"
-              "python -m exercises N --answer ...  check your prediction\n"
-              "python -m exercises N --hint        a nudge\n"
-              "python -m exercises N --run         run it (shows the answer)\n"
-              "python -m exercises N --lang zh     in Chinese (中文)")
+        print(messages["usage"] if messages else ENGLISH_USAGE)
         return 0
     ex = text_of(args.number, lang)  # the engine (and torch) is imported for --run only
     if args.answer:
@@ -54,22 +60,30 @@ def main(argv: list[str] | None = None) -> int:
         print(fill(messages["hint"].format(hint=ex.HINT) if messages else "Hint: " + ex.HINT))
         return 0
     if args.run:
-        if messages:
-            print(messages["run"])
-        import torch
-        torch.set_num_threads(1)  # a small model: one thread is fastest on a shared CPU
-        ex = exercise(args.number)
-        print("\n".join(ex.report(ex.measure())))
-        return 0
+        return run_experiment(args.number, messages)
+    print_question(args.number, ex, messages)
+    return 0
+
+
+def run_experiment(number: int, messages: dict | None) -> int:
+    if messages:
+        print(messages["run"])
+    import torch
+    torch.set_num_threads(1)  # a small model: one thread is fastest on a shared CPU
+    ex = exercise(number)
+    print("\n".join(ex.report(ex.measure())))
+    return 0
+
+
+def print_question(number: int, ex, messages: dict | None) -> None:
     print(ex.__doc__.strip())
     values = " ".join(f"V{i}" for i in range(1, len(ex.ASKS) + 1))
     if messages:
-        print(messages["check"].format(number=args.number, values=values))
-        return 0
+        print(messages["check"].format(number=number, values=values))
+        return
     print(f"\nCheck your prediction (one value per numbered item, in order):\n"
-          f"  python -m exercises {args.number} --answer {values}")
-    print(f"A hint: python -m exercises {args.number} --hint")
-    return 0
+          f"  python -m exercises {number} --answer {values}")
+    print(f"A hint: python -m exercises {number} --hint")
 
 
 if __name__ == "__main__":
