@@ -348,3 +348,21 @@ def test_without_a_compiler_the_fast_layer_keeps_pytorch_and_says_why(monkeypatc
                    .outputs[0].token_ids) == 3
     finally:
         kernels.decode_kernels.cache_clear()
+
+
+def test_a_lone_sequence_decodes_by_the_kernel_with_hugging_faces_tokens(llama_dir, reference):
+    """End to end: one request on an engine with the kernel (vLLM's default, enforce_eager
+    False) decodes by KernelDecode at every decode step, and its greedy tokens are HF's."""
+    from helpers import make_llm, random_prompt
+    llm = make_llm(llama_dir, enforce_eager=False)
+    backend = llm.llm_engine.engine_core.model_runner.backend
+    assert backend.attention.routes.decode_kernel is not None, backend.describe()
+    kinds = []
+    plan = backend.plan
+    backend.plan = lambda chunks, block_size: kinds.append(plan(chunks, block_size)) or kinds[-1]
+    prompt = random_prompt(37, seed=5)
+    (out,) = llm.generate([prompt], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True),
+                          use_tqdm=False)
+    reference.compare(prompt, out.outputs[0].token_ids, 12, "a lone sequence by the kernel")
+    decode_steps = [p for p in kinds if len(p.positions) == 1]  # one token in the step: a decode
+    assert len(decode_steps) == 11 and all(type(p.parts[0]) is KernelDecode for p in decode_steps)
