@@ -185,12 +185,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # F.rms_norm computes in float32 (for bf16/fp16 input): it normalises, multiplies by the
-        # weight, then casts once to the input dtype. HF's LlamaRMSNorm casts the normalised
-        # value to the input dtype first and multiplies by the weight in that dtype (two
-        # roundings), so in bf16/fp16 the two differ by about one unit of rounding on some
-        # elements (none in float32); tests/test_low_precision.py bounds the resulting logits.
-        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        # As HF's LlamaRMSNorm: normalise in float32, cast to the input dtype, then multiply by
+        # the weight in that dtype -- bit-identical to HF in bfloat16 / float16 (F.rms_norm with
+        # the weight multiplies before it casts, which differs by one rounding on ~1/4 of them).
+        return F.rms_norm(x.float(), self.weight.shape, None, self.eps).to(x.dtype) * self.weight
 
 
 # ----------------------------------------------------------------------------- paged attention

@@ -89,3 +89,19 @@ def test_the_bound_catches_a_mask_bug(checkpoints):
     runs.model.layers[0].self_attn.window = 16
     ours = position_error(teacher_forced_logits(runs, ids, "whole"), reference)
     assert ours.max() > 3 * MAX_FACTOR * hf.max() and ours.mean() > 3 * MEAN_FACTOR * hf.mean()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_rms_norm_is_bit_identical_to_hugging_faces(dtype):
+    """model.RMSNorm rounds as HF's LlamaRMSNorm does (normalise in float32, cast, then the
+    weight in the input dtype): equal bit for bit, for a hidden state and for q/k heads."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+    from model import RMSNorm
+    g = torch.Generator().manual_seed(3)
+    for shape in ((5, 1024), (3, 16, 128)):
+        ours, hf = RMSNorm(shape[-1], 1e-6), LlamaRMSNorm(shape[-1], eps=1e-6)
+        weight = torch.randn(shape[-1], generator=g)
+        ours.weight.data, hf.weight.data = weight.clone(), weight.clone()
+        ours, hf = ours.to(dtype), hf.to(dtype)
+        x = (3 * torch.randn(*shape, generator=g)).to(dtype)
+        assert torch.equal(ours(x), hf(x)), shape
