@@ -433,19 +433,24 @@ class PagedDecode:
 
 @dataclass
 class KernelDecode:
-    """Decode rows attended by the compiled kernel: each row's keys and values read straight
-    from its blocks (``tables``), positions [lo, hi) visible (per window), float32 softmax."""
+    """A sequence decoding alone, attended by the compiled kernel: its keys and values read
+    straight from its blocks (``table``), positions [lo, hi) visible (per window), float32
+    softmax."""
 
-    rows: torch.Tensor    # packed-token index of each row's query
-    tables: torch.Tensor  # [B, blocks] each row's block table
-    lo: dict              # window (None = full) -> [B] first visible position
-    hi: torch.Tensor      # [B] context length (the query's position + 1)
+    row: int              # packed-token index of its query
+    table: torch.Tensor   # [1, blocks] its block table
+    lo: dict              # window (None = full) -> [1] first visible position
+    hi: torch.Tensor      # [1] context length (the query's position + 1)
     kernel: Callable
 
     def attend(self, q, k, v, cache: LayerKV, window: int | None, out: torch.Tensor) -> None:
-        res = self.kernel(q.index_select(0, self.rows), cache.k, cache.v, self.tables,
-                          self.lo[window], self.hi, cache.block_size, q.shape[-1] ** -0.5)
-        out.index_copy_(0, self.rows, res)
+        out[self.row:self.row + 1] = self.alone(q[self.row:self.row + 1], cache.k, cache.v,
+                                                cache.block_size, window)
+
+    def alone(self, q, pool_k, pool_v, block_size: int, window: int | None) -> torch.Tensor:
+        """[1, H, D]: the attention of query ``q`` ([1, H, D])."""
+        return self.kernel(q, pool_k, pool_v, self.table, self.lo[window], self.hi, block_size,
+                           q.shape[-1] ** -0.5)
 
 
 @dataclass
@@ -585,6 +590,8 @@ class FastPlan:
     def attend(self, q, k, v, pool_k, pool_v, window: int | None) -> torch.Tensor:
         """q: [T, H, D]; k, v: this step's [T, KVH, D], already written into the pool
         (pool_k, pool_v: one layer's [KVH, slots, D]). Same result as model.paged_attention."""
+        if q.shape[0] == 1 and isinstance(self.parts[0], KernelDecode):  # one token, alone
+            return self.parts[0].alone(q, pool_k, pool_v, self.block_size, window)
         cache = LayerKV(pool_k, pool_v, self.block_size, self.scratch, self.routes)
         out = torch.empty_like(q)
         for part in self.parts:
@@ -665,7 +672,7 @@ def _decode_part(batch: PackedBatch, rows: np.ndarray):
     # The kernel wins where PyTorch's per-op cost dominates: one sequence decoding alone. A
     # batch's attention is large enough that the batched matmul kinds win.
     if len(rows) == 1 and batch.routes.decode_kernel is not None:
-        return _kernel_decode(batch, rows, tables, ends)
+        return _kernel_decode(batch, int(rows[0]), tables[0], int(ends[0]))
     # A lone sequence gains nothing from scoring "shared" blocks once.
     sharing = None in batch.windows and len(rows) > 1
     num_shared = _num_common_blocks(tables, starts, batch.block_size) if sharing else 0
@@ -681,12 +688,10 @@ def _decode_part(batch: PackedBatch, rows: np.ndarray):
     return SharedPrefixDecode(index, len(rows), batch.tensor(tables[0, :num_shared]), own, windowed)
 
 
-def _kernel_decode(batch: PackedBatch, rows: np.ndarray, tables: np.ndarray,
-                   ends: np.ndarray) -> KernelDecode:
-    lo = {w: batch.tensor(np.zeros_like(ends) if w is None else np.maximum(ends - w, 0))
-          for w in batch.windows}
-    return KernelDecode(batch.tensor(batch.first_token[rows]), batch.tensor(tables), lo,
-                        batch.tensor(ends), batch.routes.decode_kernel)
+def _kernel_decode(batch: PackedBatch, row: int, table: np.ndarray, end: int) -> KernelDecode:
+    lo = {w: batch.tensor(np.array([0 if w is None else max(end - w, 0)])) for w in batch.windows}
+    return KernelDecode(int(batch.first_token[row]), batch.tensor(table[None]), lo,
+                        batch.tensor(np.array([end])), batch.routes.decode_kernel)
 
 
 def _decode_keys(batch: PackedBatch, tables: np.ndarray, lo: np.ndarray, hi: np.ndarray):
