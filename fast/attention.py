@@ -673,14 +673,13 @@ def _decode_part(batch: PackedBatch, rows: np.ndarray):
     # batch's attention is large enough that the batched matmul kinds win.
     if len(rows) == 1 and batch.routes.decode_kernel is not None:
         return _kernel_decode(batch, int(rows[0]), tables[0], int(ends[0]))
-    # A lone sequence gains nothing from scoring "shared" blocks once.
-    sharing = None in batch.windows and len(rows) > 1
-    num_shared = _num_common_blocks(tables, starts, batch.block_size) if sharing else 0
     index = batch.tensor(batch.first_token[rows])
     windowed = {w: _decode_keys(batch, tables, np.maximum(ends - w, 0), ends)
                 for w in batch.windows if w is not None}
     if None not in batch.windows:
         return PagedDecode(index, windowed)
+    # A lone sequence gains nothing from scoring "shared" blocks once.
+    num_shared = _num_common_blocks(tables, starts, batch.block_size) if len(rows) > 1 else 0
     own_from = np.full_like(ends, num_shared * batch.block_size)  # 0 when nothing is shared
     own = _decode_keys(batch, tables, own_from, ends)
     if num_shared == 0:
