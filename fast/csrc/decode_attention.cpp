@@ -87,6 +87,10 @@ torch::Tensor decode_attention(torch::Tensor q, torch::Tensor pool_k, torch::Ten
   TORCH_CHECK(q.dim() == 3 && pool_k.dim() == 3 && pool_k.sizes() == pool_v.sizes());
   TORCH_CHECK(q.scalar_type() == pool_k.scalar_type() && pool_k.scalar_type() == pool_v.scalar_type());
   TORCH_CHECK(pool_k.is_contiguous() && pool_v.is_contiguous());
+  TORCH_CHECK(q.device().is_cpu() && pool_k.device().is_cpu(), "decode_attention runs on CPU");
+  TORCH_CHECK(tables.scalar_type() == at::kLong && lo.scalar_type() == at::kLong &&
+              hi.scalar_type() == at::kLong && lo.is_contiguous() && hi.is_contiguous());
+  TORCH_CHECK(tables.size(0) == q.size(0) && lo.numel() == q.size(0) && hi.numel() == q.size(0));
   q = q.contiguous();
   tables = tables.contiguous();
   const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2);
