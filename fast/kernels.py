@@ -48,6 +48,11 @@ def _build_dir() -> Path:
     return Path(_get_build_directory(_name(), verbose=False))
 
 
+def _library_mtime() -> float | None:
+    libraries = list(_build_dir().glob("*.so"))
+    return max(p.stat().st_mtime for p in libraries) if libraries else None
+
+
 @functools.cache
 def decode_kernels() -> KernelBuild:
     """Load (building if needed) the decode kernel once per process."""
@@ -57,11 +62,12 @@ def decode_kernels() -> KernelBuild:
     started = time.perf_counter()
     try:
         from torch.utils.cpp_extension import load
-        cached = any(_build_dir().glob("*.so"))
+        before = _library_mtime()
         module = load(name=_name(), sources=[str(SOURCE)], extra_cflags=list(FLAGS), verbose=False)
     except Exception as err:  # a compiler that fails, no ninja, ...: the PyTorch kinds stay
         reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
         warnings.warn(f"fast layer: the C++ decode kernel could not be built, attention stays on "
                       f"PyTorch ops ({reason})", RuntimeWarning, stacklevel=2)
         return KernelBuild(None, time.perf_counter() - started, False, reason)
-    return KernelBuild(module, time.perf_counter() - started, not cached)
+    built = before is None or _library_mtime() != before  # ninja rebuilds an edited source
+    return KernelBuild(module, time.perf_counter() - started, built)
