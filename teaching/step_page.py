@@ -149,10 +149,16 @@ class Recorder:
     events: list[ChainEvent] = field(default_factory=list)
 
     room: list[dict] = field(default_factory=list)
+    last_looked_up: str | None = None  # the request of the latest lookup (its hit or miss)
 
     def __post_init__(self) -> None:
-        self.llm.prefix_cache.subscribe(self.events.append)  # for the engine's whole run
+        self.llm.prefix_cache.subscribe(self._note)  # for the engine's whole run
         self._watch_admissions()
+
+    def _note(self, event: ChainEvent) -> None:
+        self.events.append(event)
+        if event.kind in ("hit", "miss"):
+            self.last_looked_up = event.request_id
 
     def _watch_admissions(self) -> None:
         """Note each admission's room check as the scheduler makes it (``can_allocate``, called
@@ -163,8 +169,7 @@ class Recorder:
 
         def noted(num_new_blocks, reused=()):
             admitted = check(num_new_blocks, reused)
-            looked_up = [e.request_id for e in self.events if e.kind in ("hit", "miss")]
-            self.room.append(dict(req=looked_up[-1] if looked_up else None, new=num_new_blocks,
+            self.room.append(dict(req=self.last_looked_up, new=num_new_blocks,
                                   cached_free=sum(b.ref_count == 0 for b in reused),
                                   free=manager.num_free_blocks, admitted=admitted))
             return admitted
