@@ -104,12 +104,18 @@ def test_checker_accepts_the_right_prediction(capsys, number):
     assert capsys.readouterr().out.startswith("Right.")
 
 
-@pytest.mark.parametrize("number", sorted(MODULES))
-def test_checker_rejects_a_wrong_prediction_without_the_answer(capsys, number):
-    right = ANSWERS[number]["values"]
+def wrong_predictions(right: list[str]):
+    """The right values with one of them changed, for each position in turn."""
     for wrong_at in range(len(right)):
         wrong = list(right)
         wrong[wrong_at] = "1000" if right[wrong_at] != "1000" else "7"
+        yield wrong
+
+
+@pytest.mark.parametrize("number", sorted(MODULES))
+def test_checker_rejects_a_wrong_prediction_without_the_answer(capsys, number):
+    right = ANSWERS[number]["values"]
+    for wrong in wrong_predictions(right):
         assert main([str(number), "--answer", *wrong]) == 1
         out = capsys.readouterr().out
         assert "Right" not in out and squash(ANSWERS[number]["why"][:60]) not in squash(out)

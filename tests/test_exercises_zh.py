@@ -15,6 +15,7 @@ import pytest
 from exercises import MODULES, text_of
 from exercises.__main__ import language, main
 from exercises.checker import load_answers, normalise
+from test_exercises import wrong_predictions
 from exercises.zh import TEXTS, fill, width
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -97,9 +98,7 @@ def test_chinese_checker_accepts_the_right_prediction(capsys, number):
 @pytest.mark.parametrize("number", sorted(MODULES))
 def test_chinese_checker_rejects_a_wrong_prediction_without_the_answer(capsys, number):
     right = ANSWERS[number]["values"]
-    for wrong_at in range(len(right)):
-        wrong = list(right)
-        wrong[wrong_at] = "1000" if right[wrong_at] != "1000" else "7"
+    for wrong in wrong_predictions(right):
         assert main([str(number), "--lang", "zh", "--answer", *wrong]) == 1
         out = capsys.readouterr().out
         assert out.startswith("还不对。") and "对了" not in out
