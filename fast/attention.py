@@ -131,7 +131,7 @@ class LayerKV:
 #
 # Each step's tokens fall into these kinds of attention, chosen by FastAttention.plan:
 #   CausalPrefill       a prompt chunk from position 0: attends only to its own fresh K/V
-#   KernelDecode        one sequence decoding alone, by the compiled kernel where there is one
+#   KernelDecode        decode rows by the compiled kernel where there is one
 #   PagedDecode         single-token queries over their paged context: exact slots (DecodeSlots)
 #                       on CPU float32, else equal-length chunks (DecodeChunks)
 #   SharedPrefixDecode  the same, when every sequence holds the same leading blocks
@@ -433,24 +433,19 @@ class PagedDecode:
 
 @dataclass
 class KernelDecode:
-    """A sequence decoding alone, attended by the compiled kernel: its keys and values read
-    straight from its blocks (``table``), positions [lo, hi) visible (per window), float32
-    softmax."""
+    """Decode rows attended by the compiled kernel: each row's keys and values read straight
+    from its blocks (``tables``), positions [lo, hi) visible (per window), float32 softmax;
+    one call per layer for the whole batch."""
 
-    row: int              # packed-token index of its query
-    table: torch.Tensor   # [1, blocks] its block table
-    lo: dict              # window (None = full) -> [1] first visible position
-    hi: torch.Tensor      # [1] context length (the query's position + 1)
+    rows: torch.Tensor    # [B] packed-token index of each row's query
+    tables: torch.Tensor  # [B, blocks] block tables
+    lo: dict              # window (None = full) -> [B] first visible position
+    hi: torch.Tensor      # [B] context lengths (each query's position + 1)
     kernel: Callable
 
     def attend(self, q, k, v, cache: LayerKV, window: int | None, out: torch.Tensor) -> None:
-        out[self.row:self.row + 1] = self.alone(q[self.row:self.row + 1], cache.k, cache.v,
-                                                cache.block_size, window)
-
-    def alone(self, q, pool_k, pool_v, block_size: int, window: int | None) -> torch.Tensor:
-        """[1, H, D]: the attention of query ``q`` ([1, H, D])."""
-        return self.kernel(q, pool_k, pool_v, self.table, self.lo[window], self.hi, block_size,
-                           q.shape[-1] ** -0.5)
+        self.kernel(q, cache.k, cache.v, self.rows, self.tables, self.lo[window], self.hi,
+                    cache.block_size, q.shape[-1] ** -0.5, out)
 
 
 @dataclass
@@ -590,8 +585,6 @@ class FastPlan:
     def attend(self, q, k, v, pool_k, pool_v, window: int | None) -> torch.Tensor:
         """q: [T, H, D]; k, v: this step's [T, KVH, D], already written into the pool
         (pool_k, pool_v: one layer's [KVH, slots, D]). Same result as model.paged_attention."""
-        if q.shape[0] == 1 and isinstance(self.parts[0], KernelDecode):  # one token, alone
-            return self.parts[0].alone(q, pool_k, pool_v, self.block_size, window)
         cache = LayerKV(pool_k, pool_v, self.block_size, self.scratch, self.routes)
         out = torch.empty_like(q)
         for part in self.parts:
@@ -664,22 +657,21 @@ def _causal_prefill(batch: PackedBatch, row: int) -> CausalPrefill:
 
 
 def _decode_part(batch: PackedBatch, rows: np.ndarray):
-    """A lone sequence by the compiled kernel where there is one; the shared-prefix kind when
-    every row holds the same cached leading blocks (and some layers attend fully, which is
-    where sharing pays); plain decode chunks otherwise."""
+    """The compiled kernel where there is one, unless every row holds the same cached leading
+    blocks (and some layers attend fully, which is where sharing pays): then the shared-prefix
+    kind; plain decode chunks or slots otherwise."""
     tables, starts = batch.tables[rows], batch.starts[rows]
     ends = starts + 1
-    # The kernel wins where PyTorch's per-op cost dominates: one sequence decoding alone. A
-    # batch's attention is large enough that the batched matmul kinds win.
-    if len(rows) == 1 and batch.routes.decode_kernel is not None:
-        return _kernel_decode(batch, int(rows[0]), tables[0], int(ends[0]))
     index = batch.tensor(batch.first_token[rows])
+    # A lone sequence gains nothing from scoring "shared" blocks once.
+    shares = None in batch.windows and len(rows) > 1
+    num_shared = _num_common_blocks(tables, starts, batch.block_size) if shares else 0
+    if batch.routes.decode_kernel is not None and num_shared == 0:
+        return _kernel_decode(batch, index, tables, ends)
     windowed = {w: _decode_keys(batch, tables, np.maximum(ends - w, 0), ends)
                 for w in batch.windows if w is not None}
     if None not in batch.windows:
         return PagedDecode(index, windowed)
-    # A lone sequence gains nothing from scoring "shared" blocks once.
-    num_shared = _num_common_blocks(tables, starts, batch.block_size) if len(rows) > 1 else 0
     own_from = np.full_like(ends, num_shared * batch.block_size)  # 0 when nothing is shared
     own = _decode_keys(batch, tables, own_from, ends)
     if num_shared == 0:
@@ -687,10 +679,11 @@ def _decode_part(batch: PackedBatch, rows: np.ndarray):
     return SharedPrefixDecode(index, len(rows), batch.tensor(tables[0, :num_shared]), own, windowed)
 
 
-def _kernel_decode(batch: PackedBatch, row: int, table: np.ndarray, end: int) -> KernelDecode:
-    lo = {w: batch.tensor(np.array([0 if w is None else max(end - w, 0)])) for w in batch.windows}
-    return KernelDecode(int(batch.first_token[row]), batch.tensor(table[None]), lo,
-                        batch.tensor(np.array([end])), batch.routes.decode_kernel)
+def _kernel_decode(batch: PackedBatch, rows: torch.Tensor, tables: np.ndarray,
+                   ends: np.ndarray) -> KernelDecode:
+    lo = {w: batch.tensor(np.zeros_like(ends) if w is None else np.maximum(ends - w, 0))
+          for w in batch.windows}
+    return KernelDecode(rows, batch.tensor(tables), lo, batch.tensor(ends), batch.routes.decode_kernel)
 
 
 def _decode_keys(batch: PackedBatch, tables: np.ndarray, lo: np.ndarray, hi: np.ndarray):

@@ -5,8 +5,9 @@
   dtype natively on this CPU; the model itself stays model.py's;
 * the KV pool on huge pages (fast/cpu_memory.py);
 * before each step, the CPU tuning's thread check (fast/tuning.py), when an entry point gave one;
-* with ``kernels``, decode attention by the compiled C++ kernel (fast/kernels.py) on CPU;
-  without a compiler, the PyTorch kinds, and ``describe()`` says why.
+* with ``kernels``, the compiled C++ kernels (fast/kernels.py) on CPU: decode attention, and
+  in bfloat16 the linears of a decode step of a few sequences; without a compiler, the
+  PyTorch kinds and oneDNN, and ``describe()`` says why.
 
 Every part is tested equal to the plain path (tests/test_plain_path.py, test_attention_kinds.py).
 """
@@ -25,6 +26,9 @@ from fast.tuning import CpuTuning
 from model import CausalLM, SeqChunk
 
 
+KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
 class FastBackend(Backend):
     name = "fast"
 
@@ -34,14 +38,20 @@ class FastBackend(Backend):
         super().__init__(model)
         cfg = model.config
         routes = routes or Routes.probe(model.device, model.dtype)
-        self.kernels = decode_kernels() if kernels and model.device.type == "cpu" else None
-        if self.kernels is not None and self.kernels.module is not None:
-            routes = replace(routes, decode_kernel=self.kernels.module.decode_attention)
+        # The kernel's softmax is float32: a float64 model keeps the PyTorch kinds.
+        usable = model.device.type == "cpu" and model.dtype in KERNEL_DTYPES
+        self.kernels = decode_kernels() if kernels and usable else None
+        module = self.kernels.module if self.kernels is not None else None
+        if module is not None:
+            routes = replace(routes, decode_kernel=module.decode_attention)
+        # Decode steps of a few sequences in bfloat16 stream the weights by the compiled linear.
+        small = (module.small_linear if module is not None and model.dtype == torch.bfloat16
+                 and module.small_linear_available() else None)
         self.attention = FastAttention(set(cfg.layer_windows), cfg.num_heads // cfg.num_kv_heads,
                                        model.dtype, model.device, routes)
         if pack_linears is None:
             pack_linears = onednn_linears_usable(model.device, model.dtype)
-        self.runs = packed_copy(model) if pack_linears else model
+        self.runs = packed_copy(model, small) if pack_linears else model
         self.tuning = tuning
 
     def plan(self, chunks: list[SeqChunk], block_size: int) -> FastPlan:

@@ -1,9 +1,10 @@
 """The fast layer's compiled kernels: C++ in fast/csrc/, built once per machine by torch's
 extension loader and cached on disk (``TORCH_EXTENSIONS_DIR``, by default under ~/.cache).
 
-Today one kernel: paged decode attention (fast/csrc/decode_attention.cpp), which reads each
+Two kernels, one module: paged decode attention (csrc/decode_attention.cpp), which reads each
 decode row's keys and values straight from their blocks, where the PyTorch kinds spend a
-dozen small ops per layer. A machine without a C++ compiler (or ninja) keeps the PyTorch kinds
+dozen small ops per layer; and bfloat16 linears of a few rows (csrc/small_linear.cpp), which
+stream each weight once at a decode step of one or a few sequences. A machine without a C++ compiler (or ninja) keeps the PyTorch kinds
 and says why (``KernelBuild.reason``); nothing else changes. The first build takes a while,
 the cached one about a second to load; ``KernelBuild`` records which it was and how long.
 """
@@ -18,8 +19,11 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-SOURCE = Path(__file__).resolve().parent / "csrc" / "decode_attention.cpp"
-FLAGS = ("-O3", "-march=native", "-ffp-contract=fast")
+CSRC = Path(__file__).resolve().parent / "csrc"
+SOURCES = tuple(CSRC / name for name in ("bindings.cpp", "decode_attention.cpp", "small_linear.cpp"))
+# -fopenmp: at::parallel_for is inline OpenMP; without it the kernel runs on one thread. The
+# OpenMP runtime it links is the one torch already loaded (same soname, libgomp.so.1).
+FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fopenmp")
 
 
 @dataclass(frozen=True)
@@ -34,12 +38,12 @@ class KernelBuild:
     def describe(self) -> str:
         if self.module is None:
             return f"no C++ kernels ({self.reason})"
-        return f"C++ decode kernel ({'built' if self.built else 'cached'}, {self.seconds:.1f} s)"
+        return f"C++ kernels ({'built' if self.built else 'cached'}, {self.seconds:.1f} s)"
 
 
 def _name() -> str:
     """A name per source and flags, so an edited kernel never loads a stale build."""
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:12]
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES) + " ".join(FLAGS).encode()).hexdigest()[:12]
     return f"step14_decode_{digest}"
 
 
@@ -63,10 +67,11 @@ def decode_kernels() -> KernelBuild:
     try:
         from torch.utils.cpp_extension import load
         before = _library_mtime()
-        module = load(name=_name(), sources=[str(SOURCE)], extra_cflags=list(FLAGS), verbose=False)
+        module = load(name=_name(), sources=[str(p) for p in SOURCES], extra_cflags=list(FLAGS),
+                      extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as err:  # a compiler that fails, no ninja, ...: the PyTorch kinds stay
         reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
-        warnings.warn(f"fast layer: the C++ decode kernel could not be built, attention stays on "
+        warnings.warn(f"fast layer: the C++ kernels could not be built, attention and linears stay on "
                       f"PyTorch ops ({reason})", RuntimeWarning, stacklevel=2)
         return KernelBuild(None, time.perf_counter() - started, False, reason)
     built = before is None or _library_mtime() != before  # ninja rebuilds an edited source

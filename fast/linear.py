@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import functools
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -56,15 +57,28 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach())
 
 
-class PackedLinear(nn.Module):
-    """An nn.Linear's weight and bias, computed from the packed copy."""
+SMALL_ROWS = 4  # the most rows fast/csrc/small_linear.cpp takes
 
-    def __init__(self, dense: nn.Linear) -> None:
+
+def few_rows(x: torch.Tensor, small: Callable | None) -> bool:
+    """Whether ``small`` (the compiled few-row linear) computes this input: a decode step of at
+    most SMALL_ROWS sequences."""
+    return small is not None and x.dim() == 2 and x.shape[0] <= SMALL_ROWS
+
+
+class PackedLinear(nn.Module):
+    """An nn.Linear's weight and bias, computed from the packed copy; a few rows by ``small``
+    (fast/kernels.py's bfloat16 few-row linear) from the dense weight, where given."""
+
+    def __init__(self, dense: nn.Linear, small: Callable | None = None) -> None:
         super().__init__()
         self.weight, self.bias = dense.weight, dense.bias
         self.packed = pack(dense.weight)
+        self.small = small if dense.weight.is_contiguous() else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if few_rows(x, self.small):
+            return self.small(x, self.weight, self.bias, False)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
@@ -72,28 +86,32 @@ class PackedSiluMLP(nn.Module):
     """model.MLP with SiLU: gate and up as two packed GEMMs, the first with a SiLU epilogue,
     the second multiplying by it in its epilogue; then the packed down projection."""
 
-    def __init__(self, mlp: nn.Module) -> None:
+    def __init__(self, mlp: nn.Module, small: Callable | None = None) -> None:
         super().__init__()
-        self.gate_up_proj, self.down_proj = mlp.gate_up_proj, PackedLinear(mlp.down_proj)
+        self.gate_up_proj, self.down_proj = mlp.gate_up_proj, PackedLinear(mlp.down_proj, small)
+        self.small = small if mlp.gate_up_proj.weight.is_contiguous() else None
         weights = mlp.gate_up_proj.weight.chunk(2)
         bias = mlp.gate_up_proj.bias
         biases = bias.detach().chunk(2) if bias is not None else (None, None)
         (self.gate_w, self.gate_b), (self.up_w, self.up_b) = ((pack(w), b) for w, b in zip(weights, biases))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if few_rows(x, self.small):
+            return self.down_proj(self.small(x, self.gate_up_proj.weight, self.gate_up_proj.bias, True))
         gate = torch.ops.mkldnn._linear_pointwise(x, self.gate_w, self.gate_b, "swish", [], "")
         both = torch.ops.mkldnn._linear_pointwise.binary(x, gate, self.up_w, self.up_b, "mul")
         return self.down_proj(both)
 
 
-def packed_copy(module: nn.Module) -> nn.Module:
+def packed_copy(module: nn.Module, small: Callable | None = None) -> nn.Module:
     """A copy of ``module``'s tree sharing its parameters and buffers, with each SiLU MLP (an
     ``hidden_act`` and a ``gate_up_proj``) as a PackedSiluMLP and every other nn.Linear as a
-    PackedLinear; ``module`` is unchanged."""
+    PackedLinear (``small``: the few-row linear they use for decode steps, if any); ``module``
+    is unchanged."""
     if getattr(module, "hidden_act", None) == "silu" and hasattr(module, "gate_up_proj"):
-        return PackedSiluMLP(module)
+        return PackedSiluMLP(module, small)
     if isinstance(module, nn.Linear):
-        return PackedLinear(module)
+        return PackedLinear(module, small)
     twin = copy.copy(module)  # shares the parameter and buffer dicts; children are replaced
-    twin._modules = {name: packed_copy(child) for name, child in module._modules.items()}
+    twin._modules = {name: packed_copy(child, small) for name, child in module._modules.items()}
     return twin

@@ -11,7 +11,9 @@ runs here on every machine. The HF-parity tests check whole models end to end.
 """
 from __future__ import annotations
 
+import functools
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -42,15 +44,15 @@ def dense_reference(q, pool_k, pool_v, chunk: SeqChunk, window: int | None) -> t
     return torch.einsum("htk,hkd->thd", probs, v)
 
 
-def random_step(chunks: list[SeqChunk], seed: int):
+def random_step(chunks: list[SeqChunk], seed: int, head_dim: int = DIM, dtype: torch.dtype = torch.float32):
     """A random pool with this step's random K/V written into it, the step's queries and metadata."""
     g = torch.Generator().manual_seed(seed)
     num_tokens = sum(c.length for c in chunks)
-    pool_k = torch.randn(KV_HEADS, NUM_BLOCKS * BLOCK, DIM, generator=g)
-    pool_v = torch.randn(KV_HEADS, NUM_BLOCKS * BLOCK, DIM, generator=g)
-    q = torch.randn(num_tokens, HEADS, DIM, generator=g)
-    k = torch.randn(num_tokens, KV_HEADS, DIM, generator=g)
-    v = torch.randn(num_tokens, KV_HEADS, DIM, generator=g)
+    pool_k = torch.randn(KV_HEADS, NUM_BLOCKS * BLOCK, head_dim, generator=g, dtype=dtype)
+    pool_v = torch.randn(KV_HEADS, NUM_BLOCKS * BLOCK, head_dim, generator=g, dtype=dtype)
+    q = torch.randn(num_tokens, HEADS, head_dim, generator=g, dtype=dtype)
+    k = torch.randn(num_tokens, KV_HEADS, head_dim, generator=g, dtype=dtype)
+    v = torch.randn(num_tokens, KV_HEADS, head_dim, generator=g, dtype=dtype)
     meta = AttentionMetadata.build(chunks, BLOCK, torch.device("cpu"))
     write_kv(pool_k, pool_v, meta.slot_mapping, k, v)
     return q, k, v, pool_k, pool_v, meta
@@ -293,15 +295,30 @@ def kernel_routes():
 
 @pytest.mark.parametrize("windows", [{None}, {None, 6}, {5}])
 def test_kernel_decode_beside_prompt_chunks(kernel_routes, windows):
-    """A lone decoding sequence by the compiled kernel, equal to the plain path: contexts of
-    less than a block, one block and several chunks, windows that start inside a block, a
-    prompt chunk in the same step; a decode batch keeps the batched kinds."""
+    """Decode rows by the compiled kernel, equal to the plain path: a batch beside prompt
+    chunks, and a lone sequence with contexts of less than a block, one block and several
+    chunks, windows that start inside a block."""
     plan = run_batch(mixed_batch(), windows, seed=12, routes=kernel_routes)
-    assert {type(p) for p in plan.parts} == {PagedDecode, CausalPrefill, PagedPrefill}  # a batch
+    assert {type(p) for p in plan.parts} == {KernelDecode, CausalPrefill, PagedPrefill}
     for context in (BLOCK - 1, BLOCK, LONG):
         chunks = [SeqChunk(0, 5, table(100, 2)), SeqChunk(context, 1, table(7, blocks_for(context + 1)))]
         plan = run_batch(chunks, windows, seed=context, routes=kernel_routes)
         assert {type(p) for p in plan.parts} == {CausalPrefill, KernelDecode}
+
+
+@pytest.mark.parametrize("head_dim", [64, 72, 8])
+@pytest.mark.parametrize("vector", [True, False])
+def test_kernel_decode_batch_with_any_head_dim(kernel_routes, head_dim, vector):
+    """A decode batch by the kernel: head_dim a multiple of the vector width, with a tail, and
+    shorter than it; by its AVX-512 loops and by the plain loops other machines take."""
+    routes = replace(kernel_routes, decode_kernel=functools.partial(kernel_routes.decode_kernel, vector=vector))
+    chunks = [SeqChunk(n, 1, table(9 + 11 * i, blocks_for(n + 1))) for i, n in enumerate([0, 15, 16, 40, LONG])]
+    q, k, v, pool_k, pool_v, meta = random_step(chunks, seed=3, head_dim=head_dim)
+    plan = FastAttention({None, 6}, HEADS // KV_HEADS, torch.float32, CPU, routes).plan(chunks, BLOCK)
+    assert [type(p) for p in plan.parts] == [KernelDecode]
+    for window in (None, 6):
+        torch.testing.assert_close(plan.attend(q, k, v, pool_k, pool_v, window),
+                                   paged_attention(q, pool_k, pool_v, meta, window))
 
 
 def test_kernel_leaves_shared_prefixes_to_the_shared_kind(kernel_routes):

@@ -39,18 +39,20 @@ def wider_llama(tmp_path_factory) -> str:
     return helpers.build_checkpoint("llama", str(tmp_path_factory.mktemp("wider_llama")), **WIDER)
 
 
-def backend(model_dir: str, dtype: torch.dtype, fast_paths: bool):
+def backend(model_dir: str, dtype: torch.dtype, fast_paths: bool, kernels: bool = False):
     model = load_model(model_dir, dtype, CPU)
-    return FastBackend(model) if fast_paths else Backend(model)
+    return FastBackend(model, kernels=kernels) if fast_paths else Backend(model)
 
 
-def assert_within_hf(model_dir: str, ids: list[int], dtype: torch.dtype, fast_paths: bool) -> None:
+def assert_within_hf(model_dir: str, ids: list[int], dtype: torch.dtype, fast_paths: bool,
+                     kernels: bool = False) -> None:
     reference = hf_logits(model_dir, tuple(ids), torch.float32)
     hf = position_error(hf_logits(model_dir, tuple(ids), dtype), reference)
-    runs = backend(model_dir, dtype, fast_paths)
+    runs = backend(model_dir, dtype, fast_paths, kernels)
     for mode in MODES:
         ours = position_error(teacher_forced_logits(runs, ids, mode), reference)
-        what = f"{dtype} {mode} fast_paths={fast_paths}: ours mean/max {ours.mean():.4f}/{ours.max():.4f}, " \
+        what = f"{dtype} {mode} fast_paths={fast_paths} kernels={kernels}: " \
+               f"ours mean/max {ours.mean():.4f}/{ours.max():.4f}, " \
                f"HF's {hf.mean():.4f}/{hf.max():.4f}"
         assert ours.mean() <= MEAN_FACTOR * hf.mean(), what
         assert ours.max() <= MAX_FACTOR * hf.max(), what
@@ -60,13 +62,16 @@ def assert_within_hf(model_dir: str, ids: list[int], dtype: torch.dtype, fast_pa
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "mistral"])
 def test_low_precision_error_within_hf_own(checkpoints, arch, dtype):
     ids = helpers.random_prompt(PROMPT_LEN, seed=5)
-    for fast_paths in (True, False):
-        assert_within_hf(checkpoints[arch], ids, dtype, fast_paths)
+    for fast_paths, kernels in ((True, False), (True, True), (False, False)):
+        assert_within_hf(checkpoints[arch], ids, dtype, fast_paths, kernels)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_low_precision_error_within_hf_own_wider_model(wider_llama, dtype):
-    assert_within_hf(wider_llama, helpers.random_prompt(PROMPT_LEN, seed=6), dtype, fast_paths=True)
+@pytest.mark.parametrize("kernels", [False, True])
+def test_low_precision_error_within_hf_own_wider_model(wider_llama, dtype, kernels):
+    """kernels: the compiled decode attention, and in bfloat16 the few-row linears, at every
+    decode step."""
+    assert_within_hf(wider_llama, helpers.random_prompt(PROMPT_LEN, seed=6), dtype, True, kernels)
 
 
 def test_float32_logits_equal_hf(checkpoints):

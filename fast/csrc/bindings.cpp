@@ -1,0 +1,19 @@
+// The fast layer's C++ kernels as one Python module (fast/kernels.py builds and loads it).
+#include <torch/extension.h>
+
+at::Tensor decode_attention(at::Tensor q, at::Tensor pool_k, at::Tensor pool_v, at::Tensor rows,
+                            at::Tensor tables, at::Tensor lo, at::Tensor hi, int64_t block_size,
+                            double scale, at::Tensor out, bool vector);
+bool small_linear_available();
+at::Tensor small_linear(const at::Tensor& x, const at::Tensor& weight,
+                        const c10::optional<at::Tensor>& bias, bool silu_mul);
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("decode_attention", &decode_attention, "paged decode attention (one query per row)",
+        py::arg("q"), py::arg("pool_k"), py::arg("pool_v"), py::arg("rows"), py::arg("tables"),
+        py::arg("lo"), py::arg("hi"), py::arg("block_size"), py::arg("scale"), py::arg("out"),
+        py::arg("vector") = true);
+  m.def("small_linear_available", &small_linear_available, "built with AVX-512 BF16");
+  m.def("small_linear", &small_linear, "bfloat16 linear of a few rows (optionally silu(gate) * up)",
+        py::arg("x"), py::arg("weight"), py::arg("bias") = py::none(), py::arg("silu_mul") = false);
+}
