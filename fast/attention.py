@@ -50,8 +50,10 @@ class Routes:
       with the rest of each context needs it; without it the shared kinds are not used).
     * ``tile_scores`` / ``min_tile_rows``: rows of scores per tile of ``matmul_attention``:
       enough that both matmuls run near the peak, few enough that a tile stays in cache.
-    * ``decode_kernel``: a sequence decoding alone (the interactive case) attends by the
-      compiled kernel (fast/kernels.py), one call per layer instead of a dozen PyTorch ops.
+    * ``decode_kernel``: decode rows attend by the compiled kernel (fast/kernels.py), one call
+      per layer instead of a dozen PyTorch ops.
+    * ``prefill_kernel``: prompt chunks attend by the compiled kernel, straight from the pool
+      -- in float32, where it beats the flash kernel; bfloat16 keeps the tiled matmuls.
     """
 
     exact_decode_slots: bool
@@ -60,6 +62,7 @@ class Routes:
     tile_scores: int = 1 << 21
     min_tile_rows: int = 64
     decode_kernel: Callable | None = None  # fast/kernels.py's compiled decode attention
+    prefill_kernel: Callable | None = None  # and its prompt-chunk attention
 
     @classmethod
     def probe(cls, device: torch.device, dtype: torch.dtype) -> Routes:
@@ -132,6 +135,7 @@ class LayerKV:
 # Each step's tokens fall into these kinds of attention, chosen by FastAttention.plan:
 #   CausalPrefill       a prompt chunk from position 0: attends only to its own fresh K/V
 #   KernelDecode        decode rows by the compiled kernel where there is one
+#   KernelPrefill       prompt chunks by the compiled kernel (float32), in place of the next four
 #   PagedDecode         single-token queries over their paged context: exact slots (DecodeSlots)
 #                       on CPU float32, else equal-length chunks (DecodeChunks)
 #   SharedPrefixDecode  the same, when every sequence holds the same leading blocks
@@ -449,6 +453,22 @@ class KernelDecode:
 
 
 @dataclass
+class KernelPrefill:
+    """Every prompt chunk of the step attended by the compiled kernel: causal within each
+    chunk, over its cached or computed prefix too, keys and values read from the blocks."""
+
+    first_token: torch.Tensor  # [C] each chunk's first row in the packed batch
+    starts: torch.Tensor       # [C] its first position
+    lengths: torch.Tensor      # [C]
+    tables: torch.Tensor       # [C, blocks]
+    kernel: Callable
+
+    def attend(self, q, k, v, cache: LayerKV, window: int | None, out: torch.Tensor) -> None:
+        self.kernel(q, cache.k, cache.v, self.first_token, self.starts, self.lengths, self.tables,
+                    cache.block_size, q.shape[-1] ** -0.5, window or 0, out)
+
+
+@dataclass
 class SharedPrefixDecode:
     """Decode steps of sequences that all hold the same leading blocks (a cached system
     prompt): the shared blocks are read once and scored for the whole batch in one matmul
@@ -632,11 +652,20 @@ def _attention_parts(batch: PackedBatch) -> list:
     decode = np.flatnonzero(lengths == 1)
     if len(decode):
         parts.append(_decode_part(batch, decode))
+    prompts = np.flatnonzero(lengths > 1)
+    if len(prompts) and batch.routes.prefill_kernel is not None:
+        return parts + [_kernel_prefill(batch, prompts)]
     parts += [_causal_prefill(batch, row) for row in np.flatnonzero((lengths > 1) & (starts == 0))]
     later = np.flatnonzero((lengths > 1) & (starts > 0))
     if len(later):
         parts.append(_later_prefill(batch, later))
     return parts
+
+
+def _kernel_prefill(batch: PackedBatch, rows: np.ndarray) -> KernelPrefill:
+    return KernelPrefill(batch.tensor(batch.first_token[rows]), batch.tensor(batch.starts[rows]),
+                         batch.tensor(batch.lengths[rows]), batch.tensor(batch.tables[rows]),
+                         batch.routes.prefill_kernel)
 
 
 def _pad_block_tables(tables: list[list[int]]) -> np.ndarray:

@@ -5,8 +5,9 @@
   dtype natively on this CPU; the model itself stays model.py's;
 * the KV pool on huge pages (fast/cpu_memory.py);
 * before each step, the CPU tuning's thread check (fast/tuning.py), when an entry point gave one;
-* with ``kernels``, the compiled C++ kernels (fast/kernels.py) on CPU: decode attention, and
-  in bfloat16 the linears of a decode step of a few sequences; without a compiler, the
+* with ``kernels``, the compiled C++ kernels (fast/kernels.py) on CPU: decode attention,
+  prompt-chunk attention (float32, float16), and in bfloat16 the linears of a decode step of
+  a few sequences; without a compiler, the
   PyTorch kinds and oneDNN, and ``describe()`` says why.
 
 Every part is tested equal to the plain path (tests/test_plain_path.py, test_attention_kinds.py).
@@ -44,6 +45,9 @@ class FastBackend(Backend):
         module = self.kernels.module if self.kernels is not None else None
         if module is not None:
             routes = replace(routes, decode_kernel=module.decode_attention)
+        # Prompt chunks too, where the tiled bfloat16 matmuls are not faster (float32, float16).
+        if module is not None and not routes.matmul_attention and module.prefill_attention_available():
+            routes = replace(routes, prefill_kernel=module.prefill_attention)
         # Decode steps of a few sequences in bfloat16 stream the weights by the compiled linear.
         small = (module.small_linear if module is not None and model.dtype == torch.bfloat16
                  and module.small_linear_available() else None)

@@ -20,8 +20,8 @@ import torch
 
 from fast import attention
 from fast.attention import (DECODE_CHUNK_TOKENS, CausalPrefill, DecodeChunks, DecodeSlots,
-                            FastAttention, KernelDecode, PagedDecode, PagedPrefill, Routes, SharedPrefixDecode,
-                            SharedPrefixPrefill)
+                            FastAttention, KernelDecode, KernelPrefill, PagedDecode, PagedPrefill,
+                            Routes, SharedPrefixDecode, SharedPrefixPrefill)
 from engine import SamplingParams
 from model import AttentionMetadata, SeqChunk, paged_attention, write_kv
 
@@ -319,6 +319,59 @@ def test_kernel_decode_batch_with_any_head_dim(kernel_routes, head_dim, vector):
     for window in (None, 6):
         torch.testing.assert_close(plan.attend(q, k, v, pool_k, pool_v, window),
                                    paged_attention(q, pool_k, pool_v, meta, window))
+
+
+@pytest.fixture(scope="module")
+def prefill_routes(kernel_routes):
+    """The kernel routes with the compiled prompt-chunk attention as well."""
+    from fast.kernels import decode_kernels
+    module = decode_kernels().module
+    if not module.prefill_attention_available():
+        pytest.skip("this CPU has no AVX-512: the prompt-chunk kernel is not built here")
+    return replace(kernel_routes, prefill_kernel=module.prefill_attention)
+
+
+def shared_and_chunked() -> list[SeqChunk]:
+    shared = table(5, 3)
+    return [SeqChunk(12, 7, shared + table(60, 2)), SeqChunk(12, 4, shared + table(70, 1)),
+            SeqChunk(0, 40, table(100, blocks_for(40))), SeqChunk(LONG, 30, table(20, blocks_for(LONG + 30)))]
+
+
+@pytest.mark.parametrize("windows", [{None}, {None, 6}, {5}])
+@pytest.mark.parametrize("chunks", [mixed_batch, shared_and_chunked])
+def test_kernel_prefill_equals_the_plain_path(prefill_routes, windows, chunks):
+    """Every prompt chunk by the compiled kernel: from position 0, after a cached prefix, after
+    shared blocks, longer than a tile, one token long, windows starting inside a block."""
+    plan = run_batch(chunks(), windows, seed=21, routes=prefill_routes)
+    assert type(plan.parts[-1]) is KernelPrefill and all(type(p) is KernelDecode for p in plan.parts[:-1])
+
+
+@pytest.mark.parametrize("head_dim", [64, 72])
+@pytest.mark.parametrize("heads", [HEADS, 2 * HEADS, KV_HEADS * 16])  # 2, 4 and 16 per KV head
+def test_kernel_prefill_with_any_head_dim_and_group(prefill_routes, head_dim, heads):
+    """Tiles of 16 query rows hold 8, 4 or 1 position(s) of 2, 4 or 16 query heads each."""
+    chunks = shared_and_chunked()
+    q, k, v, pool_k, pool_v, meta = random_step(chunks, seed=4, head_dim=head_dim)
+    q = torch.randn(q.shape[0], heads, head_dim, generator=torch.Generator().manual_seed(5))
+    plan = FastAttention({None, 6}, heads // KV_HEADS, torch.float32, CPU, prefill_routes).plan(chunks, BLOCK)
+    for window in (None, 6):
+        torch.testing.assert_close(plan.attend(q, k, v, pool_k, pool_v, window),
+                                   paged_attention(q, pool_k, pool_v, meta, window))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_kernel_prefill_in_half_precision(prefill_routes, dtype):
+    """In bfloat16 / float16, no worse than a small factor of the plain path's own error."""
+    chunks = shared_and_chunked()
+    q, k, v, pool_k, pool_v, meta = random_step(chunks, seed=13)
+    low = [x.to(dtype) for x in (q, k, v, pool_k, pool_v)]
+    plan = FastAttention({None, 6}, HEADS // KV_HEADS, dtype, CPU, prefill_routes).plan(chunks, BLOCK)
+    for window in (None, 6):
+        expected = paged_attention(q, pool_k, pool_v, meta, window)
+        plain = paged_attention(low[0], low[3], low[4], meta, window)
+        got = plan.attend(*low, window)
+        assert got.dtype == dtype
+        assert mean_error(got, expected) <= BF16_ERROR_FACTOR * mean_error(plain, expected), window
 
 
 def test_kernel_leaves_shared_prefixes_to_the_shared_kind(kernel_routes):

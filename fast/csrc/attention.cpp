@@ -290,3 +290,221 @@ at::Tensor decode_attention(at::Tensor q, at::Tensor pool_k, at::Tensor pool_v,
   }
   return out;
 }
+
+// ============================================================================= prefill
+//
+// Prompt chunks over the paged pool: each chunk's queries attend causally (and within a
+// sliding window, if any) to its sequence's keys, cached prefix included, read from the
+// blocks. One task is a tile of 16 query rows (positions x the query heads of one KV head)
+// against every visible key, 16 keys at a time, with an online softmax. The tile is kept
+// transposed -- a lane per query row -- so scores, their maxima and sums are plain vector
+// ops, and keys and values enter as broadcasts: no horizontal sums.
+
+namespace {
+
+#ifdef STEP14_AVX512
+constexpr int KEYS = 16;  // keys per group; also query rows per tile (one per lane)
+
+struct PrefillShape {
+  int64_t block_size, group, dim, window;  // window 0: none
+  float scale;
+};
+
+// A tile: query positions [first, first + count) of one chunk, the heads of KV head kv_head.
+struct Tile {
+  int64_t chunk, kv_head, first, count;
+};
+
+// The chunks of one call.
+struct Chunks {
+  const int64_t *first_token, *start, *length, *table;
+  int64_t width;
+};
+
+// keys [16][dim] float32 from rows first..first+count of one block (zeros past count).
+template <typename T>
+inline void load_keys(const T* rows, int64_t count, int64_t dim, float* dst) {
+  const int64_t chunks = (dim + LANES - 1) / LANES;
+  for (int64_t k = 0; k < KEYS; ++k)
+    for (int64_t c = 0; c < chunks; ++c) {
+      const __mmask16 m = k < count ? tail_mask(dim - c * LANES) : static_cast<__mmask16>(0);
+      _mm512_mask_storeu_ps(dst + k * dim + c * LANES, tail_mask(dim - c * LANES),
+                            load(rows + k * dim + c * LANES, m));
+    }
+}
+
+template <typename T>
+void prefill_tile(const T* q, int64_t q_row_stride, int64_t q_head_stride, const T* pool_k, const T* pool_v,
+                  T* out, int64_t out_row_stride, int64_t out_head_stride, const Chunks& ch, const Tile& tile, const PrefillShape& s,
+                  float* qt, float* ot, float* kf, float* vf, float* probs) {
+  const int64_t dim = s.dim, g = s.group, bs = s.block_size;
+  const int64_t start = ch.start[tile.chunk], token0 = ch.first_token[tile.chunk];
+  const int64_t* table = ch.table + tile.chunk * ch.width;
+  // Lane r: position first + r / g, query head kv_head * g + r % g; lanes past the tile: -1.
+  alignas(64) int32_t lane_pos[KEYS];
+  for (int r = 0; r < KEYS; ++r) {
+    const int64_t p = r / g;
+    lane_pos[r] = (p < tile.count && r < (KEYS / g) * g) ? static_cast<int32_t>(tile.first + p) : -1;
+  }
+  const __m512i pos = _mm512_load_si512(lane_pos);
+  for (int64_t d = 0; d < dim; ++d)
+    for (int r = 0; r < KEYS; ++r) {
+      float v = 0.f;
+      if (lane_pos[r] >= 0) {
+        const T* row = q + (token0 + lane_pos[r] - start) * q_row_stride + (tile.kv_head * g + r % g) * q_head_stride;
+        v = static_cast<float>(row[d]) * s.scale;
+      }
+      qt[d * KEYS + r] = v;
+    }
+  std::fill(ot, ot + dim * KEYS, 0.f);
+  const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
+  __m512 run_max = neg_inf, run_sum = _mm512_setzero_ps();
+  const int64_t last = tile.first + tile.count;  // keys [lo, last) are visible to some lane
+  const int64_t lo = s.window > 0 ? std::max<int64_t>(0, tile.first - s.window + 1) : 0;
+  for (int64_t kp = lo; kp < last;) {
+    const int64_t blk = kp / bs, count = std::min({last - kp, static_cast<int64_t>(KEYS), (blk + 1) * bs - kp});
+    const int64_t row0 = table[blk] * bs + kp % bs;
+    load_keys(pool_k + row0 * dim, count, dim, kf);
+    load_keys(pool_v + row0 * dim, count, dim, vf);
+    __m512 sc[KEYS];
+    for (int k = 0; k < KEYS; ++k) sc[k] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < dim; ++d) {
+      const __m512 qd = _mm512_loadu_ps(qt + d * KEYS);
+      for (int k = 0; k < KEYS; ++k) sc[k] = _mm512_fmadd_ps(_mm512_set1_ps(kf[k * dim + d]), qd, sc[k]);
+    }
+    __mmask16 seen[KEYS];
+    __m512 top = run_max;
+    for (int k = 0; k < KEYS; ++k) {
+      const int32_t key = static_cast<int32_t>(kp + k);
+      __mmask16 ok = k < count ? _mm512_cmp_epi32_mask(pos, _mm512_set1_epi32(key), _MM_CMPINT_NLT) : 0;
+      if (s.window > 0)
+        ok &= _mm512_cmp_epi32_mask(pos, _mm512_set1_epi32(key + static_cast<int32_t>(s.window)), _MM_CMPINT_LT);
+      seen[k] = ok;
+      sc[k] = _mm512_mask_mov_ps(neg_inf, ok, sc[k]);
+      top = _mm512_max_ps(top, sc[k]);
+    }
+    const __mmask16 any = _mm512_cmp_ps_mask(top, neg_inf, _CMP_NEQ_OQ);  // lanes with a key so far
+    const __m512 safe_top = _mm512_maskz_mov_ps(any, top);
+    const __m512 alpha = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(run_max, neg_inf, _CMP_NEQ_OQ),
+                                             exp_nonpositive(_mm512_sub_ps(run_max, safe_top)));
+    __m512 total = _mm512_setzero_ps();
+    for (int k = 0; k < KEYS; ++k) {
+      const __m512 p = _mm512_maskz_mov_ps(seen[k], exp_nonpositive(_mm512_sub_ps(sc[k], safe_top)));
+      total = _mm512_add_ps(total, p);
+      _mm512_storeu_ps(probs + k * KEYS, p);
+    }
+    run_sum = _mm512_fmadd_ps(run_sum, alpha, total);
+    run_max = top;
+    int64_t d = 0;
+    for (; d + 8 <= dim; d += 8) {
+      __m512 acc[8];
+      for (int j = 0; j < 8; ++j) acc[j] = _mm512_mul_ps(_mm512_loadu_ps(ot + (d + j) * KEYS), alpha);
+      for (int k = 0; k < KEYS; ++k) {
+        const __m512 p = _mm512_loadu_ps(probs + k * KEYS);
+        for (int j = 0; j < 8; ++j) acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(vf[k * dim + d + j]), p, acc[j]);
+      }
+      for (int j = 0; j < 8; ++j) _mm512_storeu_ps(ot + (d + j) * KEYS, acc[j]);
+    }
+    for (; d < dim; ++d) {
+      __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(ot + d * KEYS), alpha);
+      for (int k = 0; k < KEYS; ++k)
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(vf[k * dim + d]), _mm512_loadu_ps(probs + k * KEYS), acc);
+      _mm512_storeu_ps(ot + d * KEYS, acc);
+    }
+    kp += count;
+  }
+  alignas(64) float sums[KEYS];
+  _mm512_store_ps(sums, run_sum);
+  for (int r = 0; r < KEYS; ++r) {
+    if (lane_pos[r] < 0) continue;
+    T* row = out + (token0 + lane_pos[r] - start) * out_row_stride + (tile.kv_head * g + r % g) * out_head_stride;
+    const float inv = 1.0f / sums[r];
+    for (int64_t d = 0; d < dim; ++d) row[d] = static_cast<T>(ot[d * KEYS + r] * inv);
+  }
+}
+
+template <typename T>
+void prefill_tiles(const at::Tensor& q, const at::Tensor& pool_k, const at::Tensor& pool_v, at::Tensor& out,
+                   const Chunks& ch, const std::vector<Tile>& tiles, const PrefillShape& s) {
+  const int64_t slots = pool_k.size(1), dim = s.dim;
+  const T* qp = q.data_ptr<T>();
+  const T* kp = pool_k.data_ptr<T>();
+  const T* vp = pool_v.data_ptr<T>();
+  T* op = out.data_ptr<T>();
+  const int64_t n = static_cast<int64_t>(tiles.size());
+  // Causal tiles differ in cost (a late tile sees more keys): hand them out one at a time.
+#pragma omp parallel num_threads(std::max(1, at::get_num_threads()))
+  {
+    std::vector<float> qt(dim * KEYS), ot(dim * KEYS), kf(KEYS * dim), vf(KEYS * dim), probs(KEYS * KEYS);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < n; ++i) {
+      const Tile& t = tiles[i];
+      prefill_tile<T>(qp, q.stride(0), q.stride(1), kp + t.kv_head * slots * dim, vp + t.kv_head * slots * dim,
+                      op, out.stride(0), out.stride(1), ch, t, s, qt.data(), ot.data(), kf.data(), vf.data(), probs.data());
+    }
+  }
+}
+#endif
+
+}  // namespace
+
+bool prefill_attention_available() {
+#ifdef STEP14_AVX512
+  return true;
+#else
+  return false;
+#endif
+}
+
+// q, out [T, H, D] (last dim contiguous); pool_k, pool_v [KVH, slots, D]; per chunk (int64): its first
+// token in q, its first position, its length, its block table row [C, blocks]; window 0 for
+// full attention. Writes the chunks' rows of out and returns out.
+at::Tensor prefill_attention(at::Tensor q, at::Tensor pool_k, at::Tensor pool_v, at::Tensor first_token,
+                             at::Tensor starts, at::Tensor lengths, at::Tensor tables, int64_t block_size,
+                             double scale, int64_t window, at::Tensor out) {
+  TORCH_CHECK(prefill_attention_available(), "prefill_attention: built without AVX-512");
+  TORCH_CHECK(q.dim() == 3 && out.sizes() == q.sizes() && q.stride(2) == 1 && out.stride(2) == 1 &&
+              pool_k.dim() == 3 && pool_k.sizes() == pool_v.sizes() && pool_k.is_contiguous() &&
+              pool_v.is_contiguous(), "prefill_attention: q, out [T, H, D] (rows contiguous), pools [KVH, slots, D]");
+  TORCH_CHECK(q.scalar_type() == pool_k.scalar_type() && pool_k.scalar_type() == pool_v.scalar_type() &&
+              out.scalar_type() == q.scalar_type() &&
+              (q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf),
+              "prefill_attention: one dtype, float32, bfloat16 or float16");
+  for (const auto& index : {first_token, starts, lengths, tables})
+    TORCH_CHECK(index.scalar_type() == at::kLong && index.is_contiguous() && index.device().is_cpu(),
+                "prefill_attention: contiguous int64 CPU index tensors");
+  const int64_t num_chunks = first_token.numel(), heads = q.size(1), dim = q.size(2);
+  const int64_t kv_heads = pool_k.size(0), slots = pool_k.size(1);
+  TORCH_CHECK(heads % kv_heads == 0 && pool_k.size(2) == dim, "prefill_attention: heads and head_dim");
+  const int64_t group = heads / kv_heads;
+  TORCH_CHECK(group <= 16, "prefill_attention: at most 16 query heads per KV head");
+  TORCH_CHECK(starts.numel() == num_chunks && lengths.numel() == num_chunks && tables.dim() == 2 &&
+              tables.size(0) == num_chunks, "prefill_attention: one start, length and table per chunk");
+  const int64_t width = tables.size(1);
+  const int64_t *ft = first_token.data_ptr<int64_t>(), *st = starts.data_ptr<int64_t>();
+  const int64_t *ln = lengths.data_ptr<int64_t>(), *tab = tables.data_ptr<int64_t>();
+  std::vector<Tile> tiles;
+#ifdef STEP14_AVX512
+  const int64_t per_tile = KEYS / group;  // query positions per tile
+  for (int64_t c = 0; c < num_chunks; ++c) {
+    TORCH_CHECK(ln[c] > 0 && st[c] >= 0 && ft[c] >= 0 && ft[c] + ln[c] <= q.size(0) &&
+                st[c] + ln[c] <= width * block_size, "prefill_attention: chunk outside q or its block table");
+    for (int64_t j = 0; j < (st[c] + ln[c] + block_size - 1) / block_size; ++j)
+      TORCH_CHECK(0 <= tab[c * width + j] && (tab[c * width + j] + 1) * block_size <= slots,
+                  "prefill_attention: block id outside the pool");
+    for (int64_t h = 0; h < kv_heads; ++h)
+      for (int64_t p = 0; p < ln[c]; p += per_tile)
+        tiles.push_back(Tile{c, h, st[c] + p, std::min(per_tile, ln[c] - p)});
+  }
+  // The costliest (latest) tiles first, so the dynamic schedule ends evenly.
+  std::stable_sort(tiles.begin(), tiles.end(), [](const Tile& a, const Tile& b) { return a.first > b.first; });
+  const Chunks chunks{ft, st, ln, tab, width};
+  const PrefillShape shape{block_size, group, dim, window, static_cast<float>(scale)};
+  switch (q.scalar_type()) {
+    case at::kFloat: prefill_tiles<float>(q, pool_k, pool_v, out, chunks, tiles, shape); break;
+    case at::kBFloat16: prefill_tiles<c10::BFloat16>(q, pool_k, pool_v, out, chunks, tiles, shape); break;
+    default: prefill_tiles<c10::Half>(q, pool_k, pool_v, out, chunks, tiles, shape); break;
+  }
+#endif
+  return out;
+}
