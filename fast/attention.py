@@ -54,6 +54,8 @@ class Routes:
       per layer instead of a dozen PyTorch ops.
     * ``prefill_kernel``: prompt chunks attend by the compiled kernel, straight from the pool
       -- in float32, where it beats the flash kernel; bfloat16 keeps the tiled matmuls.
+    * ``shared_decode_kernel``: decode rows that share leading blocks, by the compiled kernel
+      that reads those blocks once per tile of rows.
     """
 
     exact_decode_slots: bool
@@ -63,6 +65,7 @@ class Routes:
     min_tile_rows: int = 64
     decode_kernel: Callable | None = None  # fast/kernels.py's compiled decode attention
     prefill_kernel: Callable | None = None  # and its prompt-chunk attention
+    shared_decode_kernel: Callable | None = None  # and its decode over shared leading blocks
 
     @classmethod
     def probe(cls, device: torch.device, dtype: torch.dtype) -> Routes:
@@ -136,6 +139,7 @@ class LayerKV:
 #   CausalPrefill       a prompt chunk from position 0: attends only to its own fresh K/V
 #   KernelDecode        decode rows by the compiled kernel where there is one
 #   KernelPrefill       prompt chunks by the compiled kernel (float32), in place of the next four
+#   KernelSharedDecode  decode rows after the same leading blocks, by the compiled kernel
 #   PagedDecode         single-token queries over their paged context: exact slots (DecodeSlots)
 #                       on CPU float32, else equal-length chunks (DecodeChunks)
 #   SharedPrefixDecode  the same, when every sequence holds the same leading blocks
@@ -469,6 +473,26 @@ class KernelPrefill:
 
 
 @dataclass
+class KernelSharedDecode:
+    """Decode rows that all hold the same leading blocks, by the compiled kernel: the shared
+    keys read once per tile of rows, each row's own keys after them; a sliding-window layer
+    sees a different part of the prefix per row and takes the decode kernel."""
+
+    rows: torch.Tensor
+    tables: torch.Tensor
+    hi: torch.Tensor
+    shared_blocks: int
+    windowed: KernelDecode  # its lo per window
+    kernel: Callable
+
+    def attend(self, q, k, v, cache: LayerKV, window: int | None, out: torch.Tensor) -> None:
+        if window is not None:
+            return self.windowed.attend(q, k, v, cache, window, out)
+        self.kernel(q, cache.k, cache.v, self.rows, self.tables, self.hi, self.shared_blocks,
+                    cache.block_size, q.shape[-1] ** -0.5, out)
+
+
+@dataclass
 class SharedPrefixDecode:
     """Decode steps of sequences that all hold the same leading blocks (a cached system
     prompt): the shared blocks are read once and scored for the whole batch in one matmul
@@ -697,6 +721,10 @@ def _decode_part(batch: PackedBatch, rows: np.ndarray):
     num_shared = _num_common_blocks(tables, starts, batch.block_size) if shares else 0
     if batch.routes.decode_kernel is not None and num_shared == 0:
         return _kernel_decode(batch, index, tables, ends)
+    if batch.routes.shared_decode_kernel is not None and batch.routes.decode_kernel is not None:
+        windowed = _kernel_decode(batch, index, tables, ends)
+        return KernelSharedDecode(index, windowed.tables, windowed.hi, num_shared, windowed,
+                                  batch.routes.shared_decode_kernel)
     windowed = {w: _decode_keys(batch, tables, np.maximum(ends - w, 0), ends)
                 for w in batch.windows if w is not None}
     if None not in batch.windows:

@@ -48,6 +48,8 @@ class FastBackend(Backend):
         # Prompt chunks too, where the tiled bfloat16 matmuls are not faster (float32, float16).
         if module is not None and not routes.matmul_attention and module.prefill_attention_available():
             routes = replace(routes, prefill_kernel=module.prefill_attention)
+        if module is not None and module.prefill_attention_available():
+            routes = replace(routes, shared_decode_kernel=module.shared_decode_attention)
         # Decode steps of a few sequences in bfloat16 stream the weights by the compiled linear.
         small = (module.small_linear if module is not None and model.dtype == torch.bfloat16
                  and module.small_linear_available() else None)

@@ -20,8 +20,8 @@ import torch
 
 from fast import attention
 from fast.attention import (DECODE_CHUNK_TOKENS, CausalPrefill, DecodeChunks, DecodeSlots,
-                            FastAttention, KernelDecode, KernelPrefill, PagedDecode, PagedPrefill,
-                            Routes, SharedPrefixDecode, SharedPrefixPrefill)
+                            FastAttention, KernelDecode, KernelPrefill, KernelSharedDecode,
+                            PagedDecode, PagedPrefill, Routes, SharedPrefixDecode, SharedPrefixPrefill)
 from engine import SamplingParams
 from model import AttentionMetadata, SeqChunk, paged_attention, write_kv
 
@@ -323,12 +323,13 @@ def test_kernel_decode_batch_with_any_head_dim(kernel_routes, head_dim, vector):
 
 @pytest.fixture(scope="module")
 def prefill_routes(kernel_routes):
-    """The kernel routes with the compiled prompt-chunk attention as well."""
+    """The kernel routes with the compiled prompt-chunk and shared-decode attention as well."""
     from fast.kernels import decode_kernels
     module = decode_kernels().module
     if not module.prefill_attention_available():
         pytest.skip("this CPU has no AVX-512: the prompt-chunk kernel is not built here")
-    return replace(kernel_routes, prefill_kernel=module.prefill_attention)
+    return replace(kernel_routes, prefill_kernel=module.prefill_attention,
+                   shared_decode_kernel=module.shared_decode_attention)
 
 
 def shared_and_chunked() -> list[SeqChunk]:
@@ -354,6 +355,24 @@ def test_kernel_prefill_with_any_head_dim_and_group(prefill_routes, head_dim, he
     q, k, v, pool_k, pool_v, meta = random_step(chunks, seed=4, head_dim=head_dim)
     q = torch.randn(q.shape[0], heads, head_dim, generator=torch.Generator().manual_seed(5))
     plan = FastAttention({None, 6}, heads // KV_HEADS, torch.float32, CPU, prefill_routes).plan(chunks, BLOCK)
+    for window in (None, 6):
+        torch.testing.assert_close(plan.attend(q, k, v, pool_k, pool_v, window),
+                                   paged_attention(q, pool_k, pool_v, meta, window))
+
+
+@pytest.mark.parametrize("heads", [HEADS, KV_HEADS * 16])  # 2 or 16 query heads per KV head
+@pytest.mark.parametrize("head_dim", [DIM, 72])
+def test_kernel_shared_decode_equals_the_plain_path(prefill_routes, heads, head_dim):
+    """Decode rows after the same leading blocks by the shared-decode kernel: more rows than a
+    tile holds, own contexts from one token to several blocks; windowed layers by the decode
+    kernel."""
+    shared = table(5, 3)
+    chunks = [SeqChunk(n, 1, shared + table(60 + 13 * i, blocks_for(n + 1) - 3))
+              for i, n in enumerate([12, 13, 20, LONG, 12, 15, 30, 33, 50, 12])]
+    q, k, v, pool_k, pool_v, meta = random_step(chunks, seed=8, head_dim=head_dim)
+    q = torch.randn(len(chunks), heads, head_dim, generator=torch.Generator().manual_seed(9))
+    plan = FastAttention({None, 6}, heads // KV_HEADS, torch.float32, CPU, prefill_routes).plan(chunks, BLOCK)
+    assert [type(p) for p in plan.parts] == [KernelSharedDecode]
     for window in (None, 6):
         torch.testing.assert_close(plan.attend(q, k, v, pool_k, pool_v, window),
                                    paged_attention(q, pool_k, pool_v, meta, window))

@@ -288,17 +288,24 @@ def test_workload_larger_than_pool(llama_dir, reference):
     assert_no_leak(llm)
 
 
-def test_decode_attends_shared_prefix_once_for_the_batch(llama_dir, reference, monkeypatch):
-    """Sequences decoding over the same cached prefix blocks use the shared-prefix path
-    (the prefix gathered once for the batch), and their tokens stay HF's."""
+@pytest.mark.parametrize("enforce_eager", [True, False])
+def test_decode_attends_shared_prefix_once_for_the_batch(llama_dir, reference, monkeypatch, enforce_eager):
+    """Sequences decoding over the same cached prefix blocks use the shared-prefix path (the
+    prefix read once for the batch: PyTorch's kind, or with the compiled kernels theirs), and
+    their tokens stay HF's."""
     from fast import attention
 
     calls = []
-    real = attention.shared_prefix_decode
-    monkeypatch.setattr(attention, "shared_prefix_decode", lambda *a: calls.append(a[3].batch) or real(*a))
+    if enforce_eager:
+        real = attention.shared_prefix_decode
+        monkeypatch.setattr(attention, "shared_prefix_decode", lambda *a: calls.append(a[3].batch) or real(*a))
+    else:
+        real = attention.KernelSharedDecode.attend
+        monkeypatch.setattr(attention.KernelSharedDecode, "attend",
+                            lambda self, *a: calls.append(self.rows.numel()) or real(self, *a))
     prefix = random_prompt(48, seed=90)
     prompts = [prefix + random_prompt(3 + 4 * i, seed=91 + i) for i in range(5)]
-    llm = make_llm(llama_dir, block_size=8)
+    llm = make_llm(llama_dir, block_size=8, enforce_eager=enforce_eager)
     llm.generate([prefix + [5]], greedy(1), use_tqdm=False)  # cache it
     outs = llm.generate(prompts, greedy(12), use_tqdm=False)
     assert calls and max(calls) == 5

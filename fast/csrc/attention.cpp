@@ -333,36 +333,29 @@ inline void load_keys(const T* rows, int64_t count, int64_t dim, float* dst) {
     }
 }
 
+// The running softmax of a tile: per lane the largest score so far, the sum of exp(score -
+// that), and the weighted values [dim][16] (lane-minor).
+struct TileState {
+  __m512 run_max, run_sum;
+  float* ot;
+};
+
+// Scratch of one thread for tiles.
+struct TileScratch {
+  std::vector<float> qt, ot, kf, vf, probs;
+  explicit TileScratch(int64_t dim) : qt(dim * KEYS), ot(dim * KEYS), kf(KEYS * dim), vf(KEYS * dim), probs(KEYS * KEYS) {}
+};
+
+// Keys [from, to) of one sequence (``table``) into the tile's state: lane r sees key p when
+// p <= pos[r] and, with a window, p > pos[r] - window. qt: the scaled queries, [dim][16].
 template <typename T>
-void prefill_tile(const T* q, int64_t q_row_stride, int64_t q_head_stride, const T* pool_k, const T* pool_v,
-                  T* out, int64_t out_row_stride, int64_t out_head_stride, const Chunks& ch, const Tile& tile, const PrefillShape& s,
-                  float* qt, float* ot, float* kf, float* vf, float* probs) {
-  const int64_t dim = s.dim, g = s.group, bs = s.block_size;
-  const int64_t start = ch.start[tile.chunk], token0 = ch.first_token[tile.chunk];
-  const int64_t* table = ch.table + tile.chunk * ch.width;
-  // Lane r: position first + r / g, query head kv_head * g + r % g; lanes past the tile: -1.
-  alignas(64) int32_t lane_pos[KEYS];
-  for (int r = 0; r < KEYS; ++r) {
-    const int64_t p = r / g;
-    lane_pos[r] = (p < tile.count && r < (KEYS / g) * g) ? static_cast<int32_t>(tile.first + p) : -1;
-  }
-  const __m512i pos = _mm512_load_si512(lane_pos);
-  for (int64_t d = 0; d < dim; ++d)
-    for (int r = 0; r < KEYS; ++r) {
-      float v = 0.f;
-      if (lane_pos[r] >= 0) {
-        const T* row = q + (token0 + lane_pos[r] - start) * q_row_stride + (tile.kv_head * g + r % g) * q_head_stride;
-        v = static_cast<float>(row[d]) * s.scale;
-      }
-      qt[d * KEYS + r] = v;
-    }
-  std::fill(ot, ot + dim * KEYS, 0.f);
+void tile_over_keys(const float* qt, const T* pool_k, const T* pool_v, const int64_t* table, int64_t from,
+                    int64_t to, __m512i pos, const PrefillShape& s, TileState& st, TileScratch& scratch) {
+  const int64_t dim = s.dim, bs = s.block_size;
+  float *kf = scratch.kf.data(), *vf = scratch.vf.data(), *probs = scratch.probs.data(), *ot = st.ot;
   const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
-  __m512 run_max = neg_inf, run_sum = _mm512_setzero_ps();
-  const int64_t last = tile.first + tile.count;  // keys [lo, last) are visible to some lane
-  const int64_t lo = s.window > 0 ? std::max<int64_t>(0, tile.first - s.window + 1) : 0;
-  for (int64_t kp = lo; kp < last;) {
-    const int64_t blk = kp / bs, count = std::min({last - kp, static_cast<int64_t>(KEYS), (blk + 1) * bs - kp});
+  for (int64_t kp = from; kp < to;) {
+    const int64_t blk = kp / bs, count = std::min({to - kp, static_cast<int64_t>(KEYS), (blk + 1) * bs - kp});
     const int64_t row0 = table[blk] * bs + kp % bs;
     load_keys(pool_k + row0 * dim, count, dim, kf);
     load_keys(pool_v + row0 * dim, count, dim, vf);
@@ -373,7 +366,7 @@ void prefill_tile(const T* q, int64_t q_row_stride, int64_t q_head_stride, const
       for (int k = 0; k < KEYS; ++k) sc[k] = _mm512_fmadd_ps(_mm512_set1_ps(kf[k * dim + d]), qd, sc[k]);
     }
     __mmask16 seen[KEYS];
-    __m512 top = run_max;
+    __m512 top = st.run_max;
     for (int k = 0; k < KEYS; ++k) {
       const int32_t key = static_cast<int32_t>(kp + k);
       __mmask16 ok = k < count ? _mm512_cmp_epi32_mask(pos, _mm512_set1_epi32(key), _MM_CMPINT_NLT) : 0;
@@ -385,16 +378,16 @@ void prefill_tile(const T* q, int64_t q_row_stride, int64_t q_head_stride, const
     }
     const __mmask16 any = _mm512_cmp_ps_mask(top, neg_inf, _CMP_NEQ_OQ);  // lanes with a key so far
     const __m512 safe_top = _mm512_maskz_mov_ps(any, top);
-    const __m512 alpha = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(run_max, neg_inf, _CMP_NEQ_OQ),
-                                             exp_nonpositive(_mm512_sub_ps(run_max, safe_top)));
+    const __m512 alpha = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(st.run_max, neg_inf, _CMP_NEQ_OQ),
+                                             exp_nonpositive(_mm512_sub_ps(st.run_max, safe_top)));
     __m512 total = _mm512_setzero_ps();
     for (int k = 0; k < KEYS; ++k) {
       const __m512 p = _mm512_maskz_mov_ps(seen[k], exp_nonpositive(_mm512_sub_ps(sc[k], safe_top)));
       total = _mm512_add_ps(total, p);
       _mm512_storeu_ps(probs + k * KEYS, p);
     }
-    run_sum = _mm512_fmadd_ps(run_sum, alpha, total);
-    run_max = top;
+    st.run_sum = _mm512_fmadd_ps(st.run_sum, alpha, total);
+    st.run_max = top;
     int64_t d = 0;
     for (; d + 8 <= dim; d += 8) {
       __m512 acc[8];
@@ -413,13 +406,139 @@ void prefill_tile(const T* q, int64_t q_row_stride, int64_t q_head_stride, const
     }
     kp += count;
   }
+}
+
+// A fresh tile: lane r's query row q_rows[r] (nullptr: an idle lane) scaled into qt [dim][16].
+template <typename T>
+TileState start_tile(const T* const* q_rows, const PrefillShape& s, TileScratch& scratch) {
+  for (int64_t d = 0; d < s.dim; ++d)
+    for (int r = 0; r < KEYS; ++r)
+      scratch.qt[d * KEYS + r] = q_rows[r] ? static_cast<float>(q_rows[r][d]) * s.scale : 0.f;
+  std::fill(scratch.ot.begin(), scratch.ot.end(), 0.f);
+  return TileState{_mm512_set1_ps(-INFINITY), _mm512_setzero_ps(), scratch.ot.data()};
+}
+
+template <typename T>
+void prefill_tile(const T* q, int64_t q_row_stride, int64_t q_head_stride, const T* pool_k, const T* pool_v,
+                  T* out, int64_t out_row_stride, int64_t out_head_stride, const Chunks& ch, const Tile& tile,
+                  const PrefillShape& s, TileScratch& scratch) {
+  const int64_t g = s.group, start = ch.start[tile.chunk], token0 = ch.first_token[tile.chunk];
+  // Lane r: position first + r / g, query head kv_head * g + r % g; lanes past the tile: -1.
+  alignas(64) int32_t lane_pos[KEYS];
+  const T* q_rows[KEYS];
+  for (int r = 0; r < KEYS; ++r) {
+    const int64_t p = r / g;
+    const bool used = p < tile.count && r < (KEYS / g) * g;
+    lane_pos[r] = used ? static_cast<int32_t>(tile.first + p) : -1;
+    q_rows[r] = used ? q + (token0 + tile.first + p - start) * q_row_stride + (tile.kv_head * g + r % g) * q_head_stride
+                     : nullptr;
+  }
+  TileState st = start_tile(q_rows, s, scratch);
+  const int64_t lo = s.window > 0 ? std::max<int64_t>(0, tile.first - s.window + 1) : 0;
+  tile_over_keys(scratch.qt.data(), pool_k, pool_v, ch.table + tile.chunk * ch.width, lo, tile.first + tile.count,
+                 _mm512_load_si512(lane_pos), s, st, scratch);
   alignas(64) float sums[KEYS];
-  _mm512_store_ps(sums, run_sum);
+  _mm512_store_ps(sums, st.run_sum);
   for (int r = 0; r < KEYS; ++r) {
     if (lane_pos[r] < 0) continue;
     T* row = out + (token0 + lane_pos[r] - start) * out_row_stride + (tile.kv_head * g + r % g) * out_head_stride;
     const float inv = 1.0f / sums[r];
-    for (int64_t d = 0; d < dim; ++d) row[d] = static_cast<T>(ot[d * KEYS + r] * inv);
+    for (int64_t d = 0; d < s.dim; ++d) row[d] = static_cast<T>(st.ot[d * KEYS + r] * inv);
+  }
+}
+
+// ----------------------------------------------------------------------------- shared-prefix decode
+//
+// Decode rows that all hold the same leading blocks: a tile's lanes are the query heads of up
+// to 16 / group rows, so the shared keys are read once per tile and scored for all of them;
+// each row's own keys then continue its lanes' softmax by dots, as the decode kernel does.
+
+// One (row, KV head): its lanes [lane0, lane0 + group) of the tile after the shared keys; its
+// own keys [t.lo, t.hi) finish the softmax; writes the group's output rows.
+template <typename T>
+void finish_own(const float* qt, const TileState& st, int lane0, const Task<T>& t, const Shape& s,
+                std::vector<float>& scores, std::vector<float>& query, std::vector<float>& acc) {
+  const int64_t count = t.hi - t.lo, group = s.group, dim = s.dim;
+  const int64_t chunks = (dim + LANES - 1) / LANES, width = chunks * LANES;
+  const __mmask16 last = tail_mask(dim - (chunks - 1) * LANES);
+  auto mask = [&](int64_t c) { return c + 1 == chunks ? last : static_cast<__mmask16>(0xFFFF); };
+  alignas(64) float shared_max[KEYS], shared_sum[KEYS];
+  _mm512_store_ps(shared_max, st.run_max);
+  _mm512_store_ps(shared_sum, st.run_sum);
+  scores.resize(std::max<int64_t>(1, group * count));
+  std::fill(query.begin(), query.end(), 0.f);
+  for (int64_t g = 0; g < group; ++g)
+    for (int64_t d = 0; d < dim; ++d) query[g * width + d] = qt[d * KEYS + lane0 + g];  // scaled already
+  for_each_key(t.k, t, s, [&](int64_t p, const T* row) {
+    for (int64_t g = 0; g < group; ++g) {
+      __m512 a = _mm512_setzero_ps();
+      for (int64_t c = 0; c < chunks; ++c)
+        a = _mm512_fmadd_ps(_mm512_loadu_ps(query.data() + g * width + c * LANES), load(row + c * LANES, mask(c)), a);
+      scores[g * count + (p - t.lo)] = _mm512_reduce_add_ps(a);
+    }
+  });
+  std::vector<float> total(group);
+  for (int64_t g = 0; g < group; ++g) {
+    float* sg = scores.data() + g * count;
+    float top = shared_max[lane0 + g];
+    for (int64_t j = 0; j < count; ++j) top = std::max(top, sg[j]);
+    const float carried = std::exp(shared_max[lane0 + g] - top);
+    float sum = shared_sum[lane0 + g] * carried;
+    for (int64_t j = 0; j < count; ++j) sum += (sg[j] = std::exp(sg[j] - top));
+    total[g] = sum;
+    for (int64_t d = 0; d < width; ++d) acc[g * width + d] = d < dim ? st.ot[d * KEYS + lane0 + g] * carried : 0.f;
+  }
+  for_each_key(t.v, t, s, [&](int64_t p, const T* row) {
+    for (int64_t c = 0; c < chunks; ++c) {
+      const __m512 value = load(row + c * LANES, mask(c));
+      for (int64_t g = 0; g < group; ++g) {
+        float* a = acc.data() + g * width + c * LANES;
+        _mm512_storeu_ps(a, _mm512_fmadd_ps(_mm512_set1_ps(scores[g * count + (p - t.lo)]), value, _mm512_loadu_ps(a)));
+      }
+    }
+  });
+  for (int64_t g = 0; g < group; ++g)
+    for (int64_t d = 0; d < dim; ++d) t.out[g * t.out_stride + d] = static_cast<T>(acc[g * width + d] / total[g]);
+}
+
+template <typename T>
+void shared_decode_rows(const at::Tensor& q, const at::Tensor& pool_k, const at::Tensor& pool_v, at::Tensor& out,
+                        const Rows& rows, int64_t shared_keys, const PrefillShape& ps) {
+  const int64_t kv_heads = pool_k.size(0), slots = pool_k.size(1), dim = ps.dim, g = ps.group;
+  const int64_t per_tile = KEYS / g, tiles_per_head = (rows.count + per_tile - 1) / per_tile;
+  const Shape s{ps.block_size, g, dim, ps.scale};
+  const T* qp = q.data_ptr<T>();
+  const T* kp = pool_k.data_ptr<T>();
+  const T* vp = pool_v.data_ptr<T>();
+  T* op = out.data_ptr<T>();
+  const int64_t n = kv_heads * tiles_per_head, width = (dim + LANES - 1) / LANES * LANES;
+#pragma omp parallel num_threads(std::max(1, at::get_num_threads()))
+  {
+    TileScratch scratch(dim);
+    std::vector<float> scores, query(g * width), acc(g * width);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t h = i / tiles_per_head, b0 = (i % tiles_per_head) * per_tile;
+      const int64_t seqs = std::min(per_tile, rows.count - b0);
+      const T* k_head = kp + h * slots * dim;
+      const T* v_head = vp + h * slots * dim;
+      alignas(64) int32_t lane_pos[KEYS];
+      const T* q_rows[KEYS];
+      for (int r = 0; r < KEYS; ++r) {
+        const bool used = r / g < seqs && r < per_tile * g;
+        lane_pos[r] = used ? (1 << 30) : -1;  // every shared key is before every row's query
+        q_rows[r] = used ? qp + rows.row[b0 + r / g] * q.stride(0) + (h * g + r % g) * q.stride(1) : nullptr;
+      }
+      TileState st = start_tile(q_rows, ps, scratch);
+      tile_over_keys(scratch.qt.data(), k_head, v_head, rows.table + b0 * rows.width, 0, shared_keys,
+                     _mm512_load_si512(lane_pos), ps, st, scratch);
+      for (int64_t j = 0; j < seqs; ++j) {
+        const int64_t b = b0 + j, r = rows.row[b];
+        const Task<T> task{nullptr, 0, k_head, v_head, rows.table + b * rows.width, shared_keys, rows.hi[b],
+                           op + r * out.stride(0) + h * g * out.stride(1), out.stride(1)};
+        finish_own(scratch.qt.data(), st, static_cast<int>(j * g), task, s, scores, query, acc);
+      }
+    }
   }
 }
 
@@ -435,12 +554,12 @@ void prefill_tiles(const at::Tensor& q, const at::Tensor& pool_k, const at::Tens
   // Causal tiles differ in cost (a late tile sees more keys): hand them out one at a time.
 #pragma omp parallel num_threads(std::max(1, at::get_num_threads()))
   {
-    std::vector<float> qt(dim * KEYS), ot(dim * KEYS), kf(KEYS * dim), vf(KEYS * dim), probs(KEYS * KEYS);
+    TileScratch scratch(dim);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < n; ++i) {
       const Tile& t = tiles[i];
       prefill_tile<T>(qp, q.stride(0), q.stride(1), kp + t.kv_head * slots * dim, vp + t.kv_head * slots * dim,
-                      op, out.stride(0), out.stride(1), ch, t, s, qt.data(), ot.data(), kf.data(), vf.data(), probs.data());
+                      op, out.stride(0), out.stride(1), ch, t, s, scratch);
     }
   }
 }
@@ -504,6 +623,52 @@ at::Tensor prefill_attention(at::Tensor q, at::Tensor pool_k, at::Tensor pool_v,
     case at::kFloat: prefill_tiles<float>(q, pool_k, pool_v, out, chunks, tiles, shape); break;
     case at::kBFloat16: prefill_tiles<c10::BFloat16>(q, pool_k, pool_v, out, chunks, tiles, shape); break;
     default: prefill_tiles<c10::Half>(q, pool_k, pool_v, out, chunks, tiles, shape); break;
+  }
+#endif
+  return out;
+}
+
+// Decode rows whose block tables all begin with the same ``shared_blocks`` blocks (full
+// attention): q, out [T, H, D]; rows [B] the query token of each; tables [B, blocks]; hi [B]
+// context lengths (each > the shared keys). Writes out[rows] and returns out.
+at::Tensor shared_decode_attention(at::Tensor q, at::Tensor pool_k, at::Tensor pool_v, at::Tensor rows,
+                                   at::Tensor tables, at::Tensor hi, int64_t shared_blocks, int64_t block_size,
+                                   double scale, at::Tensor out) {
+  TORCH_CHECK(prefill_attention_available(), "shared_decode_attention: built without AVX-512");
+  TORCH_CHECK(q.dim() == 3 && out.sizes() == q.sizes() && q.stride(2) == 1 && out.stride(2) == 1 &&
+              pool_k.dim() == 3 && pool_k.sizes() == pool_v.sizes() && pool_k.is_contiguous() &&
+              pool_v.is_contiguous(), "shared_decode_attention: q, out [T, H, D], pools [KVH, slots, D]");
+  TORCH_CHECK(q.scalar_type() == pool_k.scalar_type() && pool_k.scalar_type() == pool_v.scalar_type() &&
+              out.scalar_type() == q.scalar_type() &&
+              (q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf),
+              "shared_decode_attention: one dtype, float32, bfloat16 or float16");
+  for (const auto& index : {rows, tables, hi})
+    TORCH_CHECK(index.scalar_type() == at::kLong && index.is_contiguous() && index.device().is_cpu(),
+                "shared_decode_attention: contiguous int64 CPU index tensors");
+  const int64_t batch = rows.numel(), heads = q.size(1), dim = q.size(2), kv_heads = pool_k.size(0);
+  const int64_t slots = pool_k.size(1);
+  TORCH_CHECK(heads % kv_heads == 0 && pool_k.size(2) == dim && heads / kv_heads <= 16,
+              "shared_decode_attention: heads, head_dim, at most 16 query heads per KV head");
+  TORCH_CHECK(tables.dim() == 2 && tables.size(0) == batch && hi.numel() == batch && batch > 0,
+              "shared_decode_attention: one table and hi per row");
+  const int64_t width = tables.size(1), shared_keys = shared_blocks * block_size;
+  const int64_t *row_p = rows.data_ptr<int64_t>(), *hi_p = hi.data_ptr<int64_t>(), *tab = tables.data_ptr<int64_t>();
+  for (int64_t b = 0; b < batch; ++b) {
+    TORCH_CHECK(0 <= row_p[b] && row_p[b] < q.size(0), "shared_decode_attention: row out of range");
+    TORCH_CHECK(shared_keys < hi_p[b] && hi_p[b] <= width * block_size && shared_blocks > 0,
+                "shared_decode_attention: context not past the shared blocks or outside its table");
+    for (int64_t j = 0; j < (hi_p[b] + block_size - 1) / block_size; ++j)
+      TORCH_CHECK(0 <= tab[b * width + j] && (tab[b * width + j] + 1) * block_size <= slots &&
+                  (j >= shared_blocks || tab[b * width + j] == tab[j]),
+                  "shared_decode_attention: block id outside the pool, or shared blocks not shared");
+  }
+#ifdef STEP14_AVX512
+  const Rows decode_rows{row_p, tab, width, nullptr, hi_p, batch, 0};
+  const PrefillShape shape{block_size, heads / kv_heads, dim, 0, static_cast<float>(scale)};
+  switch (q.scalar_type()) {
+    case at::kFloat: shared_decode_rows<float>(q, pool_k, pool_v, out, decode_rows, shared_keys, shape); break;
+    case at::kBFloat16: shared_decode_rows<c10::BFloat16>(q, pool_k, pool_v, out, decode_rows, shared_keys, shape); break;
+    default: shared_decode_rows<c10::Half>(q, pool_k, pool_v, out, decode_rows, shared_keys, shape); break;
   }
 #endif
   return out;

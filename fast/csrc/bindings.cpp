@@ -8,6 +8,9 @@ bool prefill_attention_available();
 at::Tensor prefill_attention(at::Tensor q, at::Tensor pool_k, at::Tensor pool_v, at::Tensor first_token,
                              at::Tensor starts, at::Tensor lengths, at::Tensor tables, int64_t block_size,
                              double scale, int64_t window, at::Tensor out);
+at::Tensor shared_decode_attention(at::Tensor q, at::Tensor pool_k, at::Tensor pool_v, at::Tensor rows,
+                                   at::Tensor tables, at::Tensor hi, int64_t shared_blocks, int64_t block_size,
+                                   double scale, at::Tensor out);
 bool small_linear_available();
 at::Tensor small_linear(const at::Tensor& x, const at::Tensor& weight,
                         const c10::optional<at::Tensor>& bias, bool silu_mul);
@@ -22,6 +25,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("q"), py::arg("pool_k"), py::arg("pool_v"), py::arg("first_token"), py::arg("starts"),
         py::arg("lengths"), py::arg("tables"), py::arg("block_size"), py::arg("scale"), py::arg("window"),
         py::arg("out"));
+  m.def("shared_decode_attention", &shared_decode_attention,
+        "paged decode attention of rows that share their leading blocks (full attention)",
+        py::arg("q"), py::arg("pool_k"), py::arg("pool_v"), py::arg("rows"), py::arg("tables"), py::arg("hi"),
+        py::arg("shared_blocks"), py::arg("block_size"), py::arg("scale"), py::arg("out"));
   m.def("small_linear_available", &small_linear_available, "built with AVX-512 BF16");
   m.def("small_linear", &small_linear, "bfloat16 linear of a few rows (optionally silu(gate) * up)",
         py::arg("x"), py::arg("weight"), py::arg("bias") = py::none(), py::arg("silu_mul") = false);
