@@ -575,23 +575,29 @@ bool prefill_attention_available() {
 #endif
 }
 
+// The tensor checks every tile kernel's entry point shares.
+static void check_tile_inputs(const char* name, const at::Tensor& q, const at::Tensor& pool_k, const at::Tensor& pool_v,
+                       const at::Tensor& out, std::initializer_list<at::Tensor> indices) {
+  TORCH_CHECK(prefill_attention_available(), name, ": built without AVX-512");
+  TORCH_CHECK(q.dim() == 3 && out.sizes() == q.sizes() && q.stride(2) == 1 && out.stride(2) == 1 &&
+              pool_k.dim() == 3 && pool_k.sizes() == pool_v.sizes() && pool_k.is_contiguous() &&
+              pool_v.is_contiguous(), name, ": q, out [T, H, D] (rows contiguous), pools [KVH, slots, D]");
+  TORCH_CHECK(q.scalar_type() == pool_k.scalar_type() && pool_k.scalar_type() == pool_v.scalar_type() &&
+              out.scalar_type() == q.scalar_type() &&
+              (q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf),
+              name, ": one dtype, float32, bfloat16 or float16");
+  for (const auto& index : indices)
+    TORCH_CHECK(index.scalar_type() == at::kLong && index.is_contiguous() && index.device().is_cpu(),
+                name, ": contiguous int64 CPU index tensors");
+}
+
 // q, out [T, H, D] (last dim contiguous); pool_k, pool_v [KVH, slots, D]; per chunk (int64): its first
 // token in q, its first position, its length, its block table row [C, blocks]; window 0 for
 // full attention. Writes the chunks' rows of out and returns out.
 at::Tensor prefill_attention(at::Tensor q, at::Tensor pool_k, at::Tensor pool_v, at::Tensor first_token,
                              at::Tensor starts, at::Tensor lengths, at::Tensor tables, int64_t block_size,
                              double scale, int64_t window, at::Tensor out) {
-  TORCH_CHECK(prefill_attention_available(), "prefill_attention: built without AVX-512");
-  TORCH_CHECK(q.dim() == 3 && out.sizes() == q.sizes() && q.stride(2) == 1 && out.stride(2) == 1 &&
-              pool_k.dim() == 3 && pool_k.sizes() == pool_v.sizes() && pool_k.is_contiguous() &&
-              pool_v.is_contiguous(), "prefill_attention: q, out [T, H, D] (rows contiguous), pools [KVH, slots, D]");
-  TORCH_CHECK(q.scalar_type() == pool_k.scalar_type() && pool_k.scalar_type() == pool_v.scalar_type() &&
-              out.scalar_type() == q.scalar_type() &&
-              (q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf),
-              "prefill_attention: one dtype, float32, bfloat16 or float16");
-  for (const auto& index : {first_token, starts, lengths, tables})
-    TORCH_CHECK(index.scalar_type() == at::kLong && index.is_contiguous() && index.device().is_cpu(),
-                "prefill_attention: contiguous int64 CPU index tensors");
+  check_tile_inputs("prefill_attention", q, pool_k, pool_v, out, {first_token, starts, lengths, tables});
   const int64_t num_chunks = first_token.numel(), heads = q.size(1), dim = q.size(2);
   const int64_t kv_heads = pool_k.size(0), slots = pool_k.size(1);
   TORCH_CHECK(heads % kv_heads == 0 && pool_k.size(2) == dim, "prefill_attention: heads and head_dim");
@@ -634,17 +640,7 @@ at::Tensor prefill_attention(at::Tensor q, at::Tensor pool_k, at::Tensor pool_v,
 at::Tensor shared_decode_attention(at::Tensor q, at::Tensor pool_k, at::Tensor pool_v, at::Tensor rows,
                                    at::Tensor tables, at::Tensor hi, int64_t shared_blocks, int64_t block_size,
                                    double scale, at::Tensor out) {
-  TORCH_CHECK(prefill_attention_available(), "shared_decode_attention: built without AVX-512");
-  TORCH_CHECK(q.dim() == 3 && out.sizes() == q.sizes() && q.stride(2) == 1 && out.stride(2) == 1 &&
-              pool_k.dim() == 3 && pool_k.sizes() == pool_v.sizes() && pool_k.is_contiguous() &&
-              pool_v.is_contiguous(), "shared_decode_attention: q, out [T, H, D], pools [KVH, slots, D]");
-  TORCH_CHECK(q.scalar_type() == pool_k.scalar_type() && pool_k.scalar_type() == pool_v.scalar_type() &&
-              out.scalar_type() == q.scalar_type() &&
-              (q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf),
-              "shared_decode_attention: one dtype, float32, bfloat16 or float16");
-  for (const auto& index : {rows, tables, hi})
-    TORCH_CHECK(index.scalar_type() == at::kLong && index.is_contiguous() && index.device().is_cpu(),
-                "shared_decode_attention: contiguous int64 CPU index tensors");
+  check_tile_inputs("shared_decode_attention", q, pool_k, pool_v, out, {rows, tables, hi});
   const int64_t batch = rows.numel(), heads = q.size(1), dim = q.size(2), kv_heads = pool_k.size(0);
   const int64_t slots = pool_k.size(1);
   TORCH_CHECK(heads % kv_heads == 0 && pool_k.size(2) == dim && heads / kv_heads <= 16,
