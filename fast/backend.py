@@ -6,8 +6,8 @@
 * the KV pool on huge pages (fast/cpu_memory.py);
 * before each step, the CPU tuning's thread check (fast/tuning.py), when an entry point gave one;
 * with ``kernels``, the compiled C++ kernels (fast/kernels.py) on CPU: decode attention,
-  prompt-chunk attention (float32, float16), and in bfloat16 the linears of a decode step of
-  a few sequences; without a compiler, the
+  prompt-chunk attention (float32, float16), a layer's norms and RoPE (fast/glue.py), and in
+  bfloat16 the linears of a decode step of a few sequences; without a compiler, the
   PyTorch kinds and oneDNN, and ``describe()`` says why.
 
 Every part is tested equal to the plain path (tests/test_plain_path.py, test_attention_kinds.py).
@@ -21,6 +21,7 @@ import torch
 from core.backend import Backend
 from fast.attention import FastAttention, FastPlan, Routes
 from fast.cpu_memory import zeros_on_huge_pages
+from fast.glue import glue_copy
 from fast.kernels import decode_kernels
 from fast.linear import onednn_linears_usable, packed_copy
 from fast.tuning import CpuTuning
@@ -57,7 +58,10 @@ class FastBackend(Backend):
                                        model.dtype, model.device, routes)
         if pack_linears is None:
             pack_linears = onednn_linears_usable(model.device, model.dtype)
+        self.pack_linears = pack_linears
         self.runs = packed_copy(model, small) if pack_linears else model
+        if module is not None:  # norms and RoPE: one kernel call each instead of several ops
+            self.runs = glue_copy(self.runs, module)
         self.tuning = tuning
 
     def plan(self, chunks: list[SeqChunk], block_size: int) -> FastPlan:
@@ -76,7 +80,7 @@ class FastBackend(Backend):
             self.tuning.maybe_update()
 
     def describe(self) -> str:
-        parts = ["fast attention", "packed linears" if self.runs is not self.model else "plain linears"]
+        parts = ["fast attention", "packed linears" if self.pack_linears else "plain linears"]
         if self.kernels is not None:
             parts.append(self.kernels.describe())
         if self.tuning is not None:

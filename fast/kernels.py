@@ -1,11 +1,13 @@
 """The fast layer's compiled kernels: C++ in fast/csrc/, built once per machine by torch's
 extension loader and cached on disk (``TORCH_EXTENSIONS_DIR``, by default under ~/.cache).
 
-Two kernels, one module: paged attention (csrc/attention.cpp), which reads each
-decode row's keys and values straight from their blocks, where the PyTorch kinds spend a
-dozen small ops per layer; and bfloat16 linears of a few rows (csrc/small_linear.cpp), which
-stream each weight once at a decode step of one or a few sequences. A machine without a C++ compiler (or ninja) keeps the PyTorch kinds
-and says why (``KernelBuild.reason``); nothing else changes. The first build takes a while,
+One module, three kernel files: paged attention (csrc/attention.cpp: decode rows, prompt chunks,
+and decode rows sharing a prefix), which reads keys and values straight from their blocks
+where the PyTorch kinds spend a dozen small ops per layer; bfloat16 linears of a few rows
+(csrc/small_linear.cpp), which stream each weight once at a decode step of one or a few
+sequences; and a layer's glue (csrc/layer_glue.cpp: RMSNorm, the heads' norm and RoPE), one
+call where PyTorch spends several small ops. A machine without a C++ compiler (or ninja) keeps
+the PyTorch kinds and says why (``KernelBuild.reason``); nothing else changes. The first build takes a while,
 the cached one about a second to load; ``KernelBuild`` records which it was and how long.
 """
 from __future__ import annotations
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = tuple(CSRC / name for name in ("bindings.cpp", "attention.cpp", "small_linear.cpp"))
+SOURCES = tuple(CSRC / name for name in ("bindings.cpp", "attention.cpp", "small_linear.cpp", "layer_glue.cpp"))
 # -fopenmp: at::parallel_for is inline OpenMP; without it the kernel runs on one thread. The
 # OpenMP runtime it links is the one torch already loaded (same soname, libgomp.so.1).
 FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fopenmp")
