@@ -56,9 +56,10 @@ class KernelAttention(nn.Module):
 def glue_copy(module: nn.Module, kernels) -> nn.Module:
     """A copy of ``module``'s tree sharing its parameters, with the kernels' norms and attention
     glue (``kernels``: fast/kernels.py's module); ``module`` is unchanged."""
-    if isinstance(module, RMSNorm):
+    # Exactly model.py's classes: a subclass may compute something else.
+    if type(module) is RMSNorm:
         return KernelRMSNorm(module, kernels)
-    if isinstance(module, Attention):
+    if type(module) is Attention:
         return KernelAttention(glue_copy_children(module, kernels), kernels)
     return glue_copy_children(module, kernels)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 
 from fast.glue import KernelAttention, KernelRMSNorm, glue_copy
 from fast.kernels import decode_kernels
@@ -86,3 +87,13 @@ def test_glue_copy_swaps_norms_and_attention_and_leaves_the_model(kernels, check
         sum(isinstance(m, RMSNorm) for m in plain.modules())
     assert not any(isinstance(m, (KernelAttention, KernelRMSNorm)) for m in plain.modules())
     assert {id(p) for p in glued.parameters()} == {id(p) for p in plain.parameters()}
+
+
+def test_glue_copy_leaves_a_norm_that_computes_something_else(kernels):
+    class OffsetNorm(RMSNorm):  # a (1 + weight) norm, as some architectures have
+        def forward(self, x):
+            return super().forward(x) + x
+
+    tree = nn.Sequential(OffsetNorm(8, 1e-6), RMSNorm(8, 1e-6))
+    glued = glue_copy(tree, kernels)
+    assert type(glued[0]) is OffsetNorm and isinstance(glued[1], KernelRMSNorm)
