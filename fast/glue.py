@@ -35,12 +35,12 @@ class KernelAttention(nn.Module):
         super().__init__()
         self.attention, self.kernels = attention, kernels
 
-    def heads(self, x: torch.Tensor, count: int, norm: RMSNorm | None, rope) -> torch.Tensor:
+    def heads(self, x: torch.Tensor, count: int, norm: nn.Module | None, rope) -> torch.Tensor:
+        """``count`` heads of x, normed by ``norm`` (its weight and eps; None: no norm), rotated."""
         cos, sin = rope[0][:, 0], rope[1][:, 0]  # [T, D] (both halves), [T, D/2]
         x = x.view(-1, count, self.attention.head_dim)
-        if norm is None:
-            return self.kernels.norm_rope(x, None, 0.0, cos, sin)
-        return self.kernels.norm_rope(x, norm.weight, norm.eps, cos, sin)
+        weight, eps = (None, 0.0) if norm is None else (norm.weight, norm.eps)
+        return self.kernels.norm_rope(x, weight, eps, cos, sin)
 
     def forward(self, x, plan, pool_k, pool_v, rope):
         a = self.attention
