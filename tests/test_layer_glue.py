@@ -55,6 +55,15 @@ def test_rms_norm_is_model_rmsnorm(kernels, dtype, rows, dim):
     assert_rounded_alike(got, want)
 
 
+@pytest.mark.parametrize("shape", [(24,), (2, 3, 4, 24), "transposed"])
+def test_rms_norm_takes_any_layout(kernels, shape):
+    x = torch.randn(24, 5).t() if shape == "transposed" else torch.randn(shape)
+    module = norm(x.shape[-1], torch.float32, seed=1)
+    got = kernels.rms_norm(x, module.weight, module.eps)
+    assert got.shape == x.shape
+    assert_rounded_alike(got, module(x))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("with_norm", [True, False])
 @pytest.mark.parametrize("tokens, heads, head_dim", [(1, 16, 128), (5, 3, 64), (33, 2, 18)])

@@ -107,15 +107,19 @@ void norm_rope_rows(const at::Tensor& x, const at::Tensor* w, double eps, const 
 
 }  // namespace
 
-// x [T, D] or [T, H, D] (rows contiguous), weight [D]: a new contiguous tensor of x's shape.
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+// x [..., D], weight [D]: a new contiguous tensor of x's shape. [T, D] and [T, H, D] with
+// contiguous rows are read in place; any other layout is copied into rows first.
+at::Tensor rms_norm(const at::Tensor& x_in, const at::Tensor& weight, double eps) {
+  TORCH_CHECK(x_in.dim() >= 1, "rms_norm: x [..., D]");
+  const bool in_place = (x_in.dim() == 2 || x_in.dim() == 3) && x_in.stride(-1) == 1;
+  const at::Tensor x = in_place ? x_in : x_in.reshape({-1, x_in.size(-1)}).contiguous();
   check_rows(x, "rms_norm");
   TORCH_CHECK(weight.dim() == 1 && weight.numel() == x.size(-1) && weight.is_contiguous() &&
               weight.scalar_type() == x.scalar_type(), "rms_norm: weight [D] of x's dtype");
   at::Tensor out = at::empty(x.sizes(), x.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rms_norm",
                                   [&] { norm_rows<scalar_t>(x, weight, eps, out); });
-  return out;
+  return out.view(x_in.sizes());
 }
 
 // x [T, H, D] (rows contiguous), weight [D] or none (no norm), cos and sin [T, >= D/2] of
