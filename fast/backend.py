@@ -22,7 +22,7 @@ from core.backend import Backend
 from fast.attention import FastAttention, FastPlan, Routes
 from fast.cpu_memory import zeros_on_huge_pages
 from fast.glue import glue_copy
-from fast.kernels import decode_kernels
+from fast.kernels import compiled_kernels
 from fast.linear import onednn_linears_usable, packed_copy
 from fast.tuning import CpuTuning
 from model import CausalLM, SeqChunk
@@ -42,7 +42,7 @@ class FastBackend(Backend):
         routes = routes or Routes.probe(model.device, model.dtype)
         # The kernel's softmax is float32: a float64 model keeps the PyTorch kinds.
         usable = model.device.type == "cpu" and model.dtype in KERNEL_DTYPES
-        self.kernels = decode_kernels() if kernels and usable else None
+        self.kernels = compiled_kernels() if kernels and usable else None
         module = self.kernels.module if self.kernels is not None else None
         if module is not None:
             routes = replace(routes, decode_kernel=module.decode_attention)

@@ -7,8 +7,9 @@ where the PyTorch kinds spend a dozen small ops per layer; bfloat16 linears of a
 (csrc/small_linear.cpp), which stream each weight once at a decode step of one or a few
 sequences; and a layer's glue (csrc/layer_glue.cpp: RMSNorm, the heads' norm and RoPE), one
 call where PyTorch spends several small ops. A machine without a C++ compiler (or ninja) keeps
-the PyTorch kinds and says why (``KernelBuild.reason``); nothing else changes. The first build takes a while,
-the cached one about a second to load; ``KernelBuild`` records which it was and how long.
+the PyTorch kinds and says why (``KernelBuild.reason``); nothing else changes. The first build
+takes a while, the cached one about a second to load; ``KernelBuild`` records which it was and
+how long.
 """
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ class KernelBuild:
 def _name() -> str:
     """A name per source and flags, so an edited kernel never loads a stale build."""
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES) + " ".join(FLAGS).encode()).hexdigest()[:12]
-    return f"step14_decode_{digest}"
+    return f"step14_kernels_{digest}"
 
 
 def _build_dir() -> Path:
@@ -60,8 +61,8 @@ def _library_mtime() -> float | None:
 
 
 @functools.cache
-def decode_kernels() -> KernelBuild:
-    """Load (building if needed) the decode kernel once per process."""
+def compiled_kernels() -> KernelBuild:
+    """Load (building if needed) the compiled kernels once per process."""
     compiler = os.environ.get("CXX", "c++")
     if shutil.which(compiler) is None:
         return KernelBuild(None, 0.0, False, f"no C++ compiler {compiler!r} on PATH")
@@ -73,8 +74,8 @@ def decode_kernels() -> KernelBuild:
                       extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as err:  # a compiler that fails, no ninja, ...: the PyTorch kinds stay
         reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
-        warnings.warn(f"fast layer: the C++ kernels could not be built, attention and linears stay on "
-                      f"PyTorch ops ({reason})", RuntimeWarning, stacklevel=2)
+        warnings.warn(f"fast layer: the C++ kernels could not be built, the fast layer stays on PyTorch "
+                      f"ops and oneDNN ({reason})", RuntimeWarning, stacklevel=2)
         return KernelBuild(None, time.perf_counter() - started, False, reason)
     built = before is None or _library_mtime() != before  # ninja rebuilds an edited source
     return KernelBuild(module, time.perf_counter() - started, built)

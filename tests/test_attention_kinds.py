@@ -286,8 +286,8 @@ def test_every_kind_in_bfloat16_by_matmuls(windows):
 @pytest.fixture(scope="module")
 def kernel_routes():
     """The routes with the compiled decode kernel (fast/kernels.py; built once per machine)."""
-    from fast.kernels import decode_kernels
-    build = decode_kernels()
+    from fast.kernels import compiled_kernels
+    build = compiled_kernels()
     assert build.module is not None, build.reason  # g++ is on every machine this project uses
     return Routes(exact_decode_slots=False, matmul_attention=False, flash_lse=attention.CPU_FLASH_LSE,
                   decode_kernel=build.module.decode_attention)
@@ -324,8 +324,8 @@ def test_kernel_decode_batch_with_any_head_dim(kernel_routes, head_dim, vector):
 @pytest.fixture(scope="module")
 def prefill_routes(kernel_routes):
     """The kernel routes with the compiled prompt-chunk and shared-decode attention as well."""
-    from fast.kernels import decode_kernels
-    module = decode_kernels().module
+    from fast.kernels import compiled_kernels
+    module = compiled_kernels().module
     if not module.prefill_attention_available():
         pytest.skip("this CPU has no AVX-512: the prompt-chunk kernel is not built here")
     return replace(kernel_routes, prefill_kernel=module.prefill_attention,
@@ -425,9 +425,9 @@ def test_without_a_compiler_the_fast_layer_keeps_pytorch_and_says_why(monkeypatc
     from fast import kernels
     from helpers import make_llm
     monkeypatch.setenv("CXX", "no-such-compiler-step14")
-    kernels.decode_kernels.cache_clear()
+    kernels.compiled_kernels.cache_clear()
     try:
-        build = kernels.decode_kernels()
+        build = kernels.compiled_kernels()
         assert build.module is None and "no-such-compiler-step14" in build.reason
         llm = make_llm(llama_dir, enforce_eager=False)
         backend = llm.llm_engine.engine_core.model_runner.backend
@@ -436,7 +436,7 @@ def test_without_a_compiler_the_fast_layer_keeps_pytorch_and_says_why(monkeypatc
         assert len(llm.generate([[5, 6, 7]], SamplingParams(max_tokens=3, temperature=0), use_tqdm=False)[0]
                    .outputs[0].token_ids) == 3
     finally:
-        kernels.decode_kernels.cache_clear()
+        kernels.compiled_kernels.cache_clear()
 
 
 def test_a_lone_sequence_decodes_by_the_kernel_with_hugging_faces_tokens(llama_dir, reference):

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from fast.glue import KernelAttention, KernelRMSNorm, glue_copy
-from fast.kernels import decode_kernels
+from fast.kernels import compiled_kernels
 from model import RMSNorm, RotaryEmbedding, apply_rope, load_model
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -19,7 +19,7 @@ TOLERANCE = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(ato
 
 @pytest.fixture(scope="module")
 def kernels():
-    build = decode_kernels()
+    build = compiled_kernels()
     assert build.module is not None, build.reason  # g++ is on every machine this project uses
     return build.module
 

@@ -106,11 +106,11 @@ def test_the_demo_never_builds_the_compiled_kernel(llama_dir, tmp_path, monkeypa
     fast/kernels.py's C++ decode kernel lands in an empty extensions directory)."""
     from fast import kernels
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    kernels.decode_kernels.cache_clear()
+    kernels.compiled_kernels.cache_clear()
     try:
         code = run.main(["--model", llama_dir, "--num-requests", "2", "--max-tokens", "3",
                          "--block-size", "8", "--no-progress"])
         assert code == 0, capsys.readouterr().out
         assert list(tmp_path.iterdir()) == []
     finally:
-        kernels.decode_kernels.cache_clear()
+        kernels.compiled_kernels.cache_clear()

@@ -8,14 +8,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fast.kernels import decode_kernels
+from fast.kernels import compiled_kernels
 from fast.linear import SMALL_ROWS, PackedLinear, PackedSiluMLP
 
 
 @pytest.fixture(scope="module")
 def small():
-    module = decode_kernels().module
-    assert module is not None, decode_kernels().reason  # g++ is on every machine this project uses
+    module = compiled_kernels().module
+    assert module is not None, compiled_kernels().reason  # g++ is on every machine this project uses
     if not module.small_linear_available():
         pytest.skip("this CPU has no AVX-512 BF16: the few-row linear is not built here")
     return module.small_linear
