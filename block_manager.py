@@ -13,39 +13,75 @@ free block that still carries a hash is popped for reuse, ``allocate`` hands it 
 ``evict`` function its caller passes (the scheduler passes ``PrefixCache.evict``, which drops
 the map's entry).
 
-Nothing is lost when something fails: the block manager owns the engine's ``Journal``
-(core/journal.py). Every method here keeps the blocks and the free-queue links it is about to
-change, so when an engine operation raises -- at any line, a ``KeyboardInterrupt`` included --
-its transaction puts every block, ref count and link back as it was.
+The block manager owns every block's fields and the free queue's order. They live in one
+column per field (``BlockColumns``; a ``Block`` is a handle onto its row), so ``snapshot()`` is
+a few list copies and ``restore()`` puts them all back: the engine core calls the pair around
+each operation (core/atomic.py), and nothing here needs to know.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
-
-from core.journal import Journal
 
 import torch
 
+FIELDS = ("ref_count", "generation", "block_hash", "token_bytes", "parent", "salt",
+          "prev_id", "next_id", "in_free_queue")
+DEFAULTS = (0, 0, None, None, None, None, None, None, False)
 
-@dataclass(eq=False, slots=True)
+
+class BlockColumns:
+    """Every block's fields, one list per field, indexed by block id."""
+
+    def __init__(self, num_blocks: int) -> None:
+        for name, default in zip(FIELDS, DEFAULTS):
+            setattr(self, name, [default] * num_blocks)
+
+    def copy(self) -> tuple[list, ...]:
+        return tuple(getattr(self, name).copy() for name in FIELDS)
+
+    def put_back(self, saved: tuple[list, ...]) -> None:
+        for name, values in zip(FIELDS, saved):
+            getattr(self, name)[:] = values  # the same lists: Block handles keep reading them
+
+
+def _column(name: str, doc: str) -> property:
+    def get(block: Block):
+        return getattr(block.columns, name)[block.block_id]
+
+    def set_(block: Block, value) -> None:
+        getattr(block.columns, name)[block.block_id] = value
+
+    return property(get, set_, doc=doc)
+
+
 class Block:
-    """One physical KV block plus the identity it carries while cached."""
+    """One physical KV block plus the identity it carries while cached (a handle onto the
+    block manager's columns: one ``Block`` per block id, for the pool's whole life)."""
 
-    block_id: int
-    ref_count: int = 0
-    # Bumped on every allocation: (block_id, generation) names one lifetime of the block's
-    # K/V, so a child can never be matched to a reused parent.
-    generation: int = 0
-    block_hash: int | None = None
-    # What the hash stands for, checked on every hit so a collision can only cost a miss.
-    token_bytes: bytes | None = None
-    parent: tuple[int, int] | None = None  # (block_id, generation) of the block before it
-    salt: str | None = None
-    # Links of the free queue (None when not queued or at an end).
-    prev: Block | None = None
-    next: Block | None = None
-    in_free_queue: bool = False
+    __slots__ = ("columns", "block_id", "_blocks")
+
+    def __init__(self, columns: BlockColumns, block_id: int, blocks: list[Block]) -> None:
+        self.columns, self.block_id, self._blocks = columns, block_id, blocks
+
+    ref_count = _column("ref_count", "How many block tables hold the block.")
+    generation = _column("generation", "Bumped on every allocation: (block_id, generation) names "
+                         "one lifetime of its K/V, so a child is never matched to a reused parent.")
+    block_hash = _column("block_hash", "The chain hash it is cached under (None: not cached).")
+    token_bytes = _column("token_bytes", "What the hash stands for, checked on every hit, so a "
+                          "collision can only cost a miss.")
+    parent = _column("parent", "(block_id, generation) of the block before it.")
+    salt = _column("salt", "The cache_salt of the request that saved it.")
+    prev_id = _column("prev_id", "The free queue's link to the front (None at the end).")
+    next_id = _column("next_id", "The free queue's link to the back (None at the end).")
+    in_free_queue = _column("in_free_queue", "True while its ref count is 0.")
+
+    @property
+    def prev(self) -> Block | None:
+        return None if self.prev_id is None else self._blocks[self.prev_id]
+
+    @property
+    def next(self) -> Block | None:
+        return None if self.next_id is None else self._blocks[self.next_id]
 
     def set_identity(self, block_hash: int, token_bytes: bytes, parent: tuple[int, int] | None,
                      salt: str | None) -> None:
@@ -68,58 +104,66 @@ class Block:
             return "cached" if self.block_hash is not None else "free"
         return "in use, cached" if self.block_hash is not None else "in use"
 
+    def __repr__(self) -> str:
+        return f"Block({self.block_id}, ref_count={self.ref_count}, block_hash={self.block_hash})"
+
 
 class FreeBlockQueue:
     """Doubly linked list of ref-count-0 blocks: O(1) pop, push and removal from the middle.
 
     The front is evicted first. Blocks that carry no cached content are pushed to the
     front (they cost nothing to reuse); cached blocks go to the back (most recently used).
+    The links are the blocks' ``prev_id`` / ``next_id``.
     """
 
-    _journal_skip = ("journal",)
-
-    def __init__(self, journal: Journal) -> None:
-        self.journal = journal
-        self.head: Block | None = None
-        self.tail: Block | None = None
+    def __init__(self, blocks: list[Block]) -> None:
+        self.blocks = blocks
+        self.head_id: int | None = None
+        self.tail_id: int | None = None
         self.size = 0
 
+    @property
+    def head(self) -> Block | None:
+        return None if self.head_id is None else self.blocks[self.head_id]
+
+    @property
+    def tail(self) -> Block | None:
+        return None if self.tail_id is None else self.blocks[self.tail_id]
+
     def push_back(self, block: Block) -> None:
-        self.journal.keep(self, block, self.tail)
-        block.prev, block.next = self.tail, None
-        if self.tail is None:
-            self.head = block
+        block.prev_id, block.next_id = self.tail_id, None
+        if self.tail_id is None:
+            self.head_id = block.block_id
         else:
-            self.tail.next = block
-        self.tail = block
+            self.tail.next_id = block.block_id
+        self.tail_id = block.block_id
         self._mark_added(block)
 
     def push_front(self, block: Block) -> None:
-        self.journal.keep(self, block, self.head)
-        block.prev, block.next = None, self.head
-        if self.head is None:
-            self.tail = block
+        block.prev_id, block.next_id = None, self.head_id
+        if self.head_id is None:
+            self.tail_id = block.block_id
         else:
-            self.head.prev = block
-        self.head = block
+            self.head.prev_id = block.block_id
+        self.head_id = block.block_id
         self._mark_added(block)
 
     def remove(self, block: Block) -> None:
-        self.journal.keep(self, block, block.prev, block.next)
-        if block.prev is None:
-            self.head = block.next
+        prev, next_ = block.prev, block.next
+        if prev is None:
+            self.head_id = block.next_id
         else:
-            block.prev.next = block.next
-        if block.next is None:
-            self.tail = block.prev
+            prev.next_id = block.next_id
+        if next_ is None:
+            self.tail_id = block.prev_id
         else:
-            block.next.prev = block.prev
-        block.prev = block.next = None
+            next_.prev_id = block.prev_id
+        block.prev_id = block.next_id = None
         block.in_free_queue = False
         self.size -= 1
 
     def pop_front(self) -> Block:
-        if self.head is None:
+        if self.head_id is None:
             raise RuntimeError("no free KV block (the scheduler must check can_allocate first)")
         block = self.head
         self.remove(block)
@@ -161,15 +205,26 @@ class KVCachePool:
 class BlockManager:
     """Allocates, shares and frees blocks; LRU order of free blocks decides what is evicted."""
 
-    def __init__(self, num_blocks: int, block_size: int, journal: Journal | None = None) -> None:
+    def __init__(self, num_blocks: int, block_size: int) -> None:
         if num_blocks < 1:
             raise ValueError(f"the KV pool needs at least one block, got num_blocks={num_blocks}")
         self.block_size = block_size
-        self.journal = journal or Journal()
-        self.blocks = [Block(i) for i in range(num_blocks)]
-        self.free_queue = FreeBlockQueue(self.journal)
+        self.columns = BlockColumns(num_blocks)
+        self.blocks: list[Block] = []
+        self.blocks.extend(Block(self.columns, i, self.blocks) for i in range(num_blocks))
+        self.free_queue = FreeBlockQueue(self.blocks)
         for block in self.blocks:
             self.free_queue.push_back(block)
+
+    def snapshot(self) -> tuple:
+        """Every block's fields and the free queue's ends, to ``restore`` after a failure."""
+        fq = self.free_queue
+        return self.columns.copy(), fq.head_id, fq.tail_id, fq.size
+
+    def restore(self, saved: tuple) -> None:
+        columns, head, tail, size = saved
+        self.columns.put_back(columns)
+        self.free_queue.head_id, self.free_queue.tail_id, self.free_queue.size = head, tail, size
 
     @property
     def num_blocks(self) -> int:
@@ -195,7 +250,6 @@ class BlockManager:
         """Pop the least recently used free block. If it still carries a cached identity,
         ``evict(block)`` drops it first (the prefix cache's entry goes with it)."""
         block = self.free_queue.pop_front()
-        self.journal.keep(block)
         if block.block_hash is not None:
             evict(block)
         block.ref_count = 1
@@ -204,7 +258,6 @@ class BlockManager:
 
     def share(self, block: Block) -> None:
         """Add a reference to a cached block (taking it out of the free queue if idle)."""
-        self.journal.keep(block)
         if block.in_free_queue:
             self.free_queue.remove(block)
         block.ref_count += 1
@@ -219,7 +272,6 @@ class BlockManager:
             block = self.blocks[block_id]
             if block.ref_count <= 0:
                 raise RuntimeError(f"double free of KV block {block_id}")
-            self.journal.keep(block)
             block.ref_count -= 1
             if block.ref_count == 0:
                 if block.block_hash is None:

@@ -30,6 +30,12 @@ The scheduler calls the public seam -- ``lookup`` (the chapter's ``_lookup_prefi
 step, ``release`` when a sequence leaves, and passes ``evict`` to the block manager when it
 reuses a free block that still carries a hash. ``with cache.recording() as events:`` records
 what happens to each block (``ChainEvent``); ``subscribe`` hands every event to a function.
+
+The cache owns its maps (hash -> block, the in-flight marks) and its counters, and writes each
+``Sequence``'s chain; ``snapshot()`` / ``restore()`` save and put them back, called by the
+engine core around each operation (core/atomic.py). ``NoPrefixCache`` at the end is the cache
+with prefix caching off: it never hits and never saves, so the scheduler never asks whether
+there is one.
 """
 from __future__ import annotations
 
@@ -42,7 +48,6 @@ from typing import Callable, Iterator, Mapping
 import xxhash
 
 from block_manager import Block, BlockManager
-from core.journal import JournaledDict
 from scheduler import Sequence
 
 HASH_STRATEGIES = ("incremental", "recompute")
@@ -82,14 +87,16 @@ class PrefixMatch:
     num_cached_tokens: int
     chain: list[int]        # hash of every full block the sequence has (to mark what it computes)
     next_in_flight: bool    # another running sequence is computing the block it needs next
+    queried: int = 0        # tokens looked up (0 when the cache was not read)
+
+    @classmethod
+    def nothing(cls, queried: int = 0) -> PrefixMatch:
+        """No cached prefix, nothing to mark."""
+        return cls([], 0, [], False, queried)
 
 
 class PrefixCache:
-    # The maps keep their own entries in the engine's journal (core/journal.py); the rest of
-    # the cache's fields are kept by the public methods below before anything changes.
-    _journal_skip = ("block_manager", "hash_fn", "_prefix_cache", "_in_flight", "_computing",
-                     "_listeners")
-
+    enabled = True  # False for NoPrefixCache
     def __init__(self, block_manager: BlockManager, hash_strategy: str = "incremental",
                  hash_fn: HashFn = xxhash.xxh3_64_intdigest) -> None:
         if hash_strategy not in HASH_STRATEGIES:
@@ -97,10 +104,9 @@ class PrefixCache:
         self.block_manager = block_manager
         self.hash_strategy = hash_strategy
         self.hash_fn = hash_fn  # swappable: tests plug in a weak hash to force collisions
-        journal = block_manager.journal
-        self._prefix_cache: dict[int, Block] = JournaledDict(journal)      # hash -> cached block
-        self._in_flight: dict[int, Sequence] = JournaledDict(journal)      # hash -> sequence computing it
-        self._computing: dict[Sequence, list[int]] = JournaledDict(journal)  # sequence -> hashes it marked
+        self._prefix_cache: dict[int, Block] = {}      # hash -> cached block
+        self._in_flight: dict[int, Sequence] = {}      # hash -> sequence computing it
+        self._computing: dict[Sequence, list[int]] = {}  # sequence -> hashes it marked (never edited in place)
         self.hash_computations = 0
         self.num_evictions = 0
         self._listeners: list[Callable[[ChainEvent], None]] = []
@@ -114,19 +120,21 @@ class PrefixCache:
     # chapter's methods below, kept under the chapter's own name.
 
     def lookup(self, seq: Sequence) -> PrefixMatch:
-        """The longest cached prefix of ``seq`` (vLLM: ``get_computed_blocks``)."""
-        self.block_manager.journal.keep(self, seq)
+        """The longest cached prefix of ``seq`` (vLLM: ``get_computed_blocks``). A sequence
+        that must compute its whole prompt (prompt logprobs) reads nothing, but is counted."""
+        if not seq.reads_prefix_cache:
+            return PrefixMatch.nothing(queried=seq.num_tokens)
         return self._lookup_prefix_cache(seq)
 
     def cache_blocks(self, seq: Sequence, start: int, end: int) -> list[tuple[int, Block]]:
         """Register the blocks that tokens [start, end) completed (vLLM: ``cache_blocks``)."""
-        blocks, bs = self.block_manager.blocks, self.block_size
-        self.block_manager.journal.keep(self, seq, *(blocks[b] for b in seq.block_table[start // bs:end // bs]))
         return self._do_prefill_step(seq, start, end)
 
     def root_hash(self, cache_salt: str | None) -> int:
-        """The chain's seed: 0, or the salt's hash, so differently salted requests never share."""
-        return 0 if cache_salt is None else self.hash_fn(cache_salt.encode(), 0)
+        """The chain's seed: 0, or the salt's hash, so differently salted requests never share.
+        The salt is hashed in a domain no block reaches (``salt_bytes``), so no prompt can
+        make its chain start where a salted one does."""
+        return 0 if cache_salt is None else self.hash_fn(salt_bytes(cache_salt), 0)
 
     # ------------------------------------------------------------------ 1. the chain hash
 
@@ -210,7 +218,7 @@ class PrefixCache:
             self._trace("hit", seq, len(blocks), block.block_hash, block_id=block.block_id)
             blocks.append(block)
         next_in_flight = len(blocks) < max_blocks and self._is_in_flight(seq, len(blocks), chain)
-        return PrefixMatch(blocks, len(blocks) * self.block_size, chain, next_in_flight)
+        return PrefixMatch(blocks, len(blocks) * self.block_size, chain, next_in_flight, seq.num_tokens)
 
     def _holds(self, block: Block, seq: Sequence, index: int, parents: list[Block]) -> bool:
         """True if cached ``block`` holds exactly ``seq``'s block ``index`` after ``parents``."""
@@ -292,7 +300,6 @@ class PrefixCache:
 
     def evict(self, block: Block) -> None:
         """A free block that still carried a hash is being reused: its entry leaves the map."""
-        self.block_manager.journal.keep(self, block)
         if self._prefix_cache.get(block.block_hash) is block:
             del self._prefix_cache[block.block_hash]
         self._trace("evict", None, None, block.block_hash, block_id=block.block_id)
@@ -304,7 +311,6 @@ class PrefixCache:
         True if nothing cached is in use any more (vLLM's ``reset_prefix_cache`` result)."""
         for h, block in list(self._prefix_cache.items()):
             if block.ref_count == 0:
-                self.block_manager.journal.keep(block)
                 del self._prefix_cache[h]
                 self._trace("forget", None, None, h, block_id=block.block_id)
                 block.forget_identity()
@@ -320,6 +326,21 @@ class PrefixCache:
     @property
     def num_cached_blocks(self) -> int:
         return len(self._prefix_cache)
+
+    # ------------------------------------------------------------------ after a failure
+
+    def snapshot(self) -> tuple:
+        """The maps and the counters, to ``restore`` after a failure (the chains it wrote are
+        their ``Sequence``'s own to save)."""
+        return (dict(self._prefix_cache), dict(self._in_flight), dict(self._computing),
+                self.hash_computations, self.num_evictions)
+
+    def restore(self, saved: tuple) -> None:
+        entries, in_flight, computing, self.hash_computations, self.num_evictions = saved
+        for live, old in ((self._prefix_cache, entries), (self._in_flight, in_flight),
+                          (self._computing, computing)):
+            live.clear()
+            live.update(old)
 
     # ------------------------------------------------------------------ watching it work
 
@@ -347,3 +368,25 @@ class PrefixCache:
                                parent_hash, block_id, source)
             for listener in list(self._listeners):
                 listener(event)
+
+
+def salt_bytes(cache_salt: str) -> bytes:
+    """The salt as hashed: its UTF-8 bytes, then 0xff (never in UTF-8) up to a length of 8k + 1.
+    A block's bytes are whole int64 ids (8k bytes), so no block can hash to a salt's root."""
+    data = cache_salt.encode()
+    return data + b"\xff" * (9 - len(data) % 8)
+
+
+class NoPrefixCache(PrefixCache):
+    """Prefix caching off: every lookup misses and asks for nothing, nothing is saved."""
+
+    enabled = False
+
+    def lookup(self, seq: Sequence) -> PrefixMatch:
+        return PrefixMatch.nothing()
+
+    def cache_blocks(self, seq: Sequence, start: int, end: int) -> list[tuple[int, Block]]:
+        return []
+
+    def root_hash(self, cache_salt: str | None) -> int:
+        return 0

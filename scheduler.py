@@ -26,15 +26,16 @@ Admission takes the cached prefix the prefix cache finds, or waits a step when a
 sequence is computing the block it needs next. When blocks run out it preempts the most
 recently admitted running sequence.
 
-Nothing is lost when something fails: each method keeps (``journal.keep``, core/journal.py)
-the queues, counters and sequences it is about to change, and the engine core runs every
-step and every request change as one transaction. So a step that raises anywhere -- in the
-forward, in a hook such as ``hash_fn``, on a ``KeyboardInterrupt`` between two lines of the
-bookkeeping -- leaves every queue, block table and block exactly as before it, and the same
-step is simply scheduled again.
+Nothing is lost when something fails: the scheduler owns its queues and counters, each
+``Sequence`` its fields, and ``snapshot()`` / ``restore()`` save and put back both; the engine
+core calls them around every step and every request change (core/atomic.py). So a step that
+raises anywhere -- in the forward, in a hook such as ``hash_fn``, on a ``KeyboardInterrupt``
+between two lines of the bookkeeping -- leaves every queue, block table and block exactly as
+before it, and the same step is simply scheduled again.
 """
 from __future__ import annotations
 
+import copy
 import enum
 import itertools
 from collections import deque
@@ -117,6 +118,18 @@ class Sequence:
         """Token ids of block ``index`` as fixed-width bytes (what is hashed and verified)."""
         return self.tokens[index * block_size:(index + 1) * block_size].tobytes()
 
+    def snapshot(self) -> tuple:
+        """Every field that changes while it runs (the token buffer only grows, so its length
+        is enough), to ``restore`` after a failure."""
+        return (self.num_tokens, self.status, list(self.block_table), self.num_computed_tokens,
+                list(self._block_hashes), self.finish_reason)
+
+    def restore(self, saved: tuple) -> None:
+        (self.num_tokens, self.status, block_table, self.num_computed_tokens, hashes,
+         self.finish_reason) = saved
+        self.block_table = list(block_table)
+        self._block_hashes[:] = hashes  # in place: a lookup's match may hold the list
+
     def __repr__(self) -> str:
         return (f"Sequence(id={self.request_id}, tokens={self.num_tokens}, "
                 f"computed={self.num_computed_tokens}, status={self.status.value})")
@@ -152,7 +165,7 @@ class SchedulerStats:
 class Scheduler:
     config: SchedulerConfig
     block_manager: BlockManager
-    prefix_cache: "PrefixCache | None"  # prefix_cache.py (which imports this module); None: off
+    prefix_cache: "PrefixCache"  # prefix_cache.py (which imports this module); NoPrefixCache: off
     waiting: deque = field(default_factory=deque)
     running: list = field(default_factory=list)  # admission order: the tail is preempted first
     stats: SchedulerStats = field(default_factory=SchedulerStats)
@@ -162,16 +175,26 @@ class Scheduler:
         return self.block_manager.block_size
 
     @property
-    def journal(self):
-        return self.block_manager.journal
-
-    @property
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
     def add(self, seq: Sequence) -> None:
-        self.journal.keep(self)
         self.waiting.append(seq)
+
+    def snapshot(self) -> tuple:
+        """The queues, the counters and every queued sequence's fields."""
+        seqs = [*self.waiting, *self.running]
+        return (list(self.waiting), list(self.running), copy.copy(self.stats),
+                [(seq, seq.snapshot()) for seq in seqs])
+
+    def restore(self, saved: tuple) -> None:
+        waiting, running, stats, seqs = saved
+        self.waiting.clear()
+        self.waiting.extend(waiting)
+        self.running[:] = running
+        self.stats.__dict__.update(vars(stats))
+        for seq, fields in seqs:
+            seq.restore(fields)
 
     def schedule(self) -> list[ScheduledChunk]:
         budget = self.config.max_num_batched_tokens
@@ -206,7 +229,6 @@ class Scheduler:
         bm = self.block_manager
         while len(seq.block_table) * self.block_size < seq.num_tokens:
             if bm.num_free_blocks > 0:
-                self.journal.keep(seq)
                 seq.block_table.append(self._allocate().block_id)
                 continue
             victim = self.running[-1]
@@ -217,35 +239,30 @@ class Scheduler:
 
     def _admit(self, seq: Sequence) -> bool:
         """Take cached blocks and allocate the rest for all of ``seq``'s tokens, or nothing."""
-        reads_cache = self.prefix_cache is not None and seq.reads_prefix_cache
-        match = self.prefix_cache.lookup(seq) if reads_cache else None
-        if match is not None and match.next_in_flight:
+        match = self.prefix_cache.lookup(seq)
+        if match.next_in_flight:
             return False  # wait a step: the block is being written, then it is a hit
-        cached = match.blocks if match else []
-        num_new = -(-seq.num_tokens // self.block_size) - len(cached)
-        if not self.block_manager.can_allocate(num_new, cached):
+        num_new = -(-seq.num_tokens // self.block_size) - len(match.blocks)
+        if not self.block_manager.can_allocate(num_new, match.blocks):
             return False
-        self.journal.keep(self, self.stats, seq)
-        for block in cached:
+        for block in match.blocks:
             self.block_manager.share(block)
         new = [self._allocate() for _ in range(num_new)]
-        seq.block_table = [b.block_id for b in cached + new]
-        seq.num_computed_tokens = match.num_cached_tokens if match else 0
+        seq.block_table = [b.block_id for b in match.blocks + new]
+        seq.num_computed_tokens = match.num_cached_tokens
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
-        if match is not None:
-            self.prefix_cache.mark_in_flight(seq, match)
-        self._count_admission(seq)
+        self.prefix_cache.mark_in_flight(seq, match)
+        self._count_admission(seq, match)
         return True
 
     def _allocate(self) -> Block:
         """A fresh block; reusing a cached-and-free one evicts it from the prefix cache."""
-        evict = self.prefix_cache.evict if self.prefix_cache is not None else Block.forget_identity
-        return self.block_manager.allocate(evict)
+        return self.block_manager.allocate(self.prefix_cache.evict)
 
-    def _count_admission(self, seq: Sequence) -> None:
-        if self.prefix_cache is not None:
-            self.stats.prefix_cache_queries += seq.num_tokens
+    def _count_admission(self, seq: Sequence, match) -> None:
+        self.stats.prefix_cache_queries += match.queried
+        if match.queried:
             self.stats.prefix_cache_hits += seq.num_computed_tokens
         self.stats.prompt_tokens_cached += min(seq.num_computed_tokens, seq.num_prompt_tokens)
 
@@ -253,17 +270,14 @@ class Scheduler:
         """The step's forward succeeded: advance each sequence and cache the blocks it filled."""
         for chunk in chunks:
             seq, start = chunk.seq, chunk.seq.num_computed_tokens
-            self.journal.keep(self.stats, seq)
             seq.num_computed_tokens = end = start + chunk.num_tokens
             self.stats.prompt_tokens_computed += max(0, min(end, seq.num_prompt_tokens) - start)
-            if self.prefix_cache is not None:
-                for index, twin in self.prefix_cache.cache_blocks(seq, start, end):
-                    self._switch_to_twin(seq, index, twin)
+            for index, twin in self.prefix_cache.cache_blocks(seq, start, end):
+                self._switch_to_twin(seq, index, twin)
 
     def _switch_to_twin(self, seq: Sequence, index: int, twin: Block) -> None:
         """An identical block was cached first (same prompt computed in the same step): share it
         and free ``seq``'s copy, so later blocks chain from one parent."""
-        self.journal.keep(seq)
         self.block_manager.share(twin)
         self.block_manager.free([seq.block_table[index]])
         seq.block_table[index] = twin.block_id
@@ -271,7 +285,6 @@ class Scheduler:
     def preempt(self, seq: Sequence) -> None:
         """Free ``seq``'s blocks (cached ones stay reusable) and queue it first, to be prefilled
         again (a re-prefill, shortened by its lookup; not ``hash_strategy="recompute"``)."""
-        self.journal.keep(self, self.stats, seq)
         self.running.remove(seq)
         self._release(seq)
         seq.status = SequenceStatus.WAITING
@@ -279,14 +292,12 @@ class Scheduler:
         self.stats.preemptions += 1
 
     def finish(self, seq: Sequence, reason: str) -> None:
-        self.journal.keep(self, seq)
         self.running.remove(seq)
         self._release(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
 
     def abort(self, seq: Sequence) -> None:
-        self.journal.keep(self, seq)
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
@@ -296,9 +307,7 @@ class Scheduler:
         seq.finish_reason = "abort"
 
     def _release(self, seq: Sequence) -> None:
-        self.journal.keep(seq)
         self.block_manager.free(seq.block_table)
-        if self.prefix_cache is not None:
-            self.prefix_cache.release(seq)
+        self.prefix_cache.release(seq)
         seq.block_table = []
         seq.num_computed_tokens = 0

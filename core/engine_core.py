@@ -11,9 +11,9 @@ One step (``EngineCore.step``), read top to bottom:
 
 Requests and aborts may come from any thread: every change to the engine's state takes one
 lock, so they land between steps, never inside one (an abort asked for from inside a step --
-by a tokenizer or hash hook -- is applied when the step's work is done). Every operation is
-one transaction of the engine's journal (core/journal.py): if it raises anywhere, the engine
-is exactly as before it, and usable. ``EngineCore.build`` makes every part from plain
+by a tokenizer or hash hook -- is applied when the step's work is done). Every operation
+happens whole or not at all (core/atomic.py): each part saves its own state before it and puts
+it back if it raises anywhere, so the engine is exactly as before it, and usable. ``EngineCore.build`` makes every part from plain
 arguments; the vLLM layer (vllm_api/) builds its ``LLM`` on one.
 """
 from __future__ import annotations
@@ -23,6 +23,7 @@ import threading
 from typing import Iterator
 
 from block_manager import BlockManager, KVCachePool
+from core.atomic import Atomic, fields_of, put_fields
 from core.backend import Backend
 from core.model_runner import ModelRunner
 from core.output_processor import OutputProcessor
@@ -31,13 +32,11 @@ from core.requests import OutputSink, RequestState
 from core.sampler import Sampler
 from core.submit import Limits, Request, make_request
 from model import CausalLM
-from prefix_cache import HashFn, PrefixCache
+from prefix_cache import HashFn, NoPrefixCache, PrefixCache
 from scheduler import Scheduler, SchedulerConfig
 
 
 class EngineCore:
-    _journal_skip = ("scheduler", "model_runner", "output_processor", "limits", "lock", "stream")
-
     def __init__(self, scheduler: Scheduler, model_runner: ModelRunner,
                  output_processor: OutputProcessor, limits: Limits) -> None:
         self.scheduler = scheduler
@@ -45,10 +44,14 @@ class EngineCore:
         self.output_processor = output_processor
         self.limits = limits
         self.lock = threading.RLock()  # one step, or one change to the request table, at a time
+        # Held by the outermost operation: one started inside it (by a hook) is part of it.
+        self._in_operation = threading.Lock()
         self.stream = OutputSink()     # where outputs go when a request names no sink
         self.steps = 0
         self.stepping = False
         self._deferred_aborts: list[str] = []  # asked for from inside a step
+        self.atomic = Atomic([self, scheduler, scheduler.block_manager, scheduler.prefix_cache,
+                              output_processor])
 
     @classmethod
     def build(cls, model: CausalLM, num_blocks: int, *, block_size: int = 16,
@@ -66,8 +69,8 @@ class EngineCore:
         kv = KVCachePool(cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim,
                          model.dtype, model.device, zeros=backend.kv_zeros)
         block_manager = BlockManager(num_blocks, block_size)
-        cache = prefix_cache_cls(block_manager, hash_strategy) if enable_prefix_caching else None
-        if cache is not None and hash_fn is not None:
+        cache = (prefix_cache_cls if enable_prefix_caching else NoPrefixCache)(block_manager, hash_strategy)
+        if hash_fn is not None:
             cache.hash_fn = hash_fn
         scheduler = Scheduler(SchedulerConfig(max_num_seqs, max_num_batched_tokens), block_manager, cache)
         sampler = Sampler(model.device, seed, sorted(eos_token_ids), logprobs_mode=logprobs_mode)
@@ -81,7 +84,7 @@ class EngineCore:
         return self.scheduler.block_manager
 
     @property
-    def prefix_cache(self) -> PrefixCache | None:
+    def prefix_cache(self) -> PrefixCache:
         return self.scheduler.prefix_cache
 
     @property
@@ -92,10 +95,6 @@ class EngineCore:
     def tokenizer(self):
         return self.output_processor.token_texts.tokenizer
 
-    @property
-    def journal(self):
-        return self.scheduler.journal
-
     # ------------------------------------------------------------------ the step
 
     def step(self) -> list[RequestOutput]:
@@ -105,7 +104,6 @@ class EngineCore:
         return self.stream.drain()
 
     def _step(self) -> None:
-        self.journal.keep(self)
         self.stepping = True
         chunks = self.scheduler.schedule()
         if not chunks:
@@ -125,15 +123,23 @@ class EngineCore:
 
     @contextlib.contextmanager
     def operation(self) -> Iterator[None]:
-        """The engine's lock and one journal transaction: what runs inside happens whole, or
-        (on any exception) not at all. Called from inside another operation (a hook of a
-        step), it is part of that one."""
+        """The engine's lock, and what runs inside happens whole or (on any exception) not at
+        all. Called from inside another operation (a hook of a step), it is part of that one."""
         with self.lock:
-            if self.lock._recursion_count() > 1:
+            if self._in_operation.locked():  # held by this thread: it holds self.lock
                 yield
                 return
-            with self.journal.transaction():
+            with self._in_operation, self.atomic.operation():
                 yield
+
+    def snapshot(self) -> tuple:
+        """The core's own fields and the step caller's sink."""
+        return self.steps, self.stepping, list(self._deferred_aborts), fields_of(self.stream)
+
+    def restore(self, saved: tuple) -> None:
+        self.steps, self.stepping, deferred, stream = saved
+        self._deferred_aborts = list(deferred)
+        put_fields(self.stream, stream)
 
     def run_until_finished(self, sink: OutputSink, num_requests: int) -> None:
         """Step until ``num_requests`` of ``sink``'s requests have finished. Callers in other
@@ -150,7 +156,7 @@ class EngineCore:
         Outputs go to ``sink`` (None: to ``step()``'s caller)."""
         with self.operation():
             self._check_ids([r.request_id for r in requests])
-            root_hash = self.prefix_cache.root_hash if self.prefix_cache else (lambda salt: 0)
+            root_hash = self.prefix_cache.root_hash
             states = [make_request(r, self.limits, self.tokenizer, root_hash, sink or self.stream)
                       for r in requests]
             for state in states:
@@ -172,7 +178,6 @@ class EngineCore:
         with self.operation():
             live = self.output_processor.is_live(str(request_id), state)
             if live and self.stepping:  # asked for from inside a step: applied after its work
-                self.journal.keep(self)
                 self._deferred_aborts.append((str(request_id), state))
                 return True
             return live and self.output_processor.abort(str(request_id), state)
@@ -211,8 +216,6 @@ class EngineCore:
         """Forget cached-and-free blocks; True if the cache is now empty (as vLLM's). With
         ``reset_running_requests``, running sequences are preempted first (they are re-prefilled)."""
         with self.operation():
-            if self.prefix_cache is None:
-                return True
             if reset_running_requests:
                 for seq in list(reversed(self.scheduler.running)):
                     self.scheduler.preempt(seq)
@@ -230,16 +233,16 @@ class EngineCore:
                 generation_tokens=self.output_processor.generation_tokens,
                 prompt_tokens=self.output_processor.prompt_tokens,
                 steps=self.steps,
-                hash_computations=pc.hash_computations if pc else 0,
+                hash_computations=pc.hash_computations,
                 prompt_tokens_computed=sched.prompt_tokens_computed,
                 prompt_tokens_cached=sched.prompt_tokens_cached,
                 prefix_cache_queries=sched.prefix_cache_queries,
                 prefix_cache_hits=sched.prefix_cache_hits,
                 prefix_cache_hit_rate=sched.prefix_cache_hits / max(sched.prefix_cache_queries, 1),
                 preemptions=sched.preemptions,
-                evictions=pc.num_evictions if pc else 0,
+                evictions=pc.num_evictions,
                 num_blocks=bm.num_blocks,
                 blocks_in_use=bm.num_blocks_in_use,
-                blocks_cached=pc.num_cached_blocks if pc else 0,
+                blocks_cached=pc.num_cached_blocks,
                 free_blocks=bm.num_free_blocks,
             )

@@ -3,15 +3,16 @@ tokens, detokenize, decide which sequences finish, and hand outputs to whoever w
 
 The one home of finishing and outputs: ``finish_reason`` is set through the scheduler (which
 frees the blocks), timings and logprobs live on the records (requests.py), and every output
-goes to its request's ``OutputSink``. Each record is kept in the engine's journal before it
-changes (``_keep``), so a step that raises here is rolled back whole with the rest.
+goes to its request's ``OutputSink``. The processor owns the request table and the records;
+``snapshot()`` / ``restore()`` save and put back both (core/atomic.py calls them), so a step
+that raises here is undone whole with the rest.
 """
 from __future__ import annotations
 
 import time
 import warnings
 
-from core.journal import JournaledDict
+from core.atomic import fields_of, put_fields
 from core.model_runner import StepResult
 from core.outputs import TokenTexts
 from core.requests import RequestState, SequenceState
@@ -28,23 +29,30 @@ class OutputProcessor:
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
         self.token_texts = TokenTexts(tokenizer)
-        self.journal = scheduler.journal
-        self.requests: dict[str, RequestState] = JournaledDict(self.journal)  # id -> its record
-        self.seq_states: dict[Sequence, SequenceState] = JournaledDict(self.journal)
+        self.requests: dict[str, RequestState] = {}  # id -> its record
+        self.seq_states: dict[Sequence, SequenceState] = {}
         self.generation_tokens = 0
         self.prompt_tokens = 0  # each request's prompt once, when it is first scheduled
 
-    _journal_skip = ("scheduler", "journal", "token_texts", "requests", "seq_states")
+    def snapshot(self) -> tuple:
+        """The table, the counters and every live request's records (sink and detokenizers
+        included)."""
+        objs = {id(obj): obj for state in self.requests.values() for obj in _records(state)}
+        records = [(obj, fields_of(obj)) for obj in objs.values()]  # a shared sink once
+        return dict(self.requests), dict(self.seq_states), self.generation_tokens, \
+            self.prompt_tokens, records
 
-    def _keep(self, state: RequestState) -> None:
-        """Keep a request's records (and its sink) before any of them changes."""
-        self.journal.keep(state, state.sink, *state.sequences,
-                          *(s.detokenizer for s in state.sequences))
+    def restore(self, saved: tuple) -> None:
+        requests, seq_states, self.generation_tokens, self.prompt_tokens, records = saved
+        for live, old in ((self.requests, requests), (self.seq_states, seq_states)):
+            live.clear()
+            live.update(old)
+        for obj, fields in records:
+            put_fields(obj, fields)
 
     # ------------------------------------------------------------------ the table
 
     def add(self, state: RequestState) -> None:
-        self._keep(state)
         state.arrival_time = time.perf_counter()
         self.requests[state.request_id] = state
         for seq_state in state.sequences:
@@ -63,7 +71,6 @@ class OutputProcessor:
         if not self.is_live(request_id, state):
             return False
         state = self.requests[request_id]
-        self._keep(state)
         for seq_state in state.sequences:
             if not seq_state.seq.is_finished:
                 self.scheduler.abort(seq_state.seq)
@@ -89,14 +96,12 @@ class OutputProcessor:
         for chunk in chunks:
             state = self.seq_states[chunk.seq]
             if state.num_cached_tokens is None:
-                self.journal.keep(state, self)
                 self.prompt_tokens += chunk.seq.num_prompt_tokens if state.index == 0 else 0
                 state.num_cached_tokens = min(chunk.seq.num_computed_tokens,
                                               chunk.seq.num_prompt_tokens)
 
     def process(self, result: StepResult) -> None:
         """Store prompt logprobs, append the sampled tokens, emit outputs to their sinks."""
-        self.journal.keep(self)
         failed = self._store_prompt_logprobs(result.prompt_rows)
         touched = self._append_tokens(result)
         for state in dict.fromkeys(failed + touched):
@@ -106,7 +111,6 @@ class OutputProcessor:
         failed = []
         for state, rows in prompt_rows:
             texts = self.token_texts if state.params.detokenize else NO_TEXTS
-            self._keep(state)
             if not self._guarded(state.sequences[0], lambda: state.add_prompt_logprobs(rows, texts)):
                 failed.append(state)
         return failed
@@ -117,8 +121,6 @@ class OutputProcessor:
             seq = seq_state.seq
             if seq.is_finished:
                 continue  # it failed while its prompt logprobs were stored
-            self._keep(seq_state.request)
-            self.journal.keep(seq)
             seq.append_token(token)
             self.generation_tokens += 1
             if seq_state.first_token_time is None:
@@ -178,3 +180,10 @@ class OutputProcessor:
         elif state.output_kind is RequestOutputKind.FINAL_ONLY:
             return
         state.sink.put(state.output())
+
+
+def _records(state: RequestState) -> list:
+    """A request's mutable records: itself, its sink, each sequence's state and detokenizer."""
+    seq_states = state.sequences
+    detoks = [s.detokenizer for s in seq_states if s.detokenizer is not None]
+    return [state, state.sink, *seq_states, *detoks]

@@ -170,7 +170,7 @@ def _check_block_states(blocks: list, holders: list[int], cached) -> None:
 def _check_cache_entries(llm, cached) -> None:
     """Every entry names exactly the prefix its block holds, chained from a cached parent."""
     blocks, pc = llm.block_manager.blocks, llm.prefix_cache
-    if pc is None:
+    if not pc.enabled:
         assert not cached, "prefix caching is off but blocks are registered"
         assert all(b.block_hash is None for b in blocks), "prefix caching is off but a block has a hash"
     assert len(cached) <= len(blocks), "more prefix-cache entries than blocks"
@@ -214,7 +214,7 @@ def _chain_seed(block, blocks: list, cached, pc) -> int:
 
 def _check_running_chains(llm, running: list, cached) -> None:
     """What a running sequence has computed is cached under its own chain (caching on)."""
-    if llm.prefix_cache is None:
+    if not llm.prefix_cache.enabled:
         return
     bs, blocks, pc = llm.block_manager.block_size, llm.block_manager.blocks, llm.prefix_cache
     for seq in running:

@@ -162,7 +162,7 @@ def test_an_interrupt_at_every_line_of_a_step_changes_nothing(which):
     every = range(1, len(per_step[chosen]) + 1)
     got, injected, after_the_work = run_with_interrupts(lambda n: every if n == chosen else [])
     assert_same_outputs(got, expected)
-    assert injected + after_the_work == len(every) > 500 and after_the_work < 10
+    assert injected + after_the_work == len(every) > 400 and after_the_work < 10
 
 
 def test_generate_interrupted_at_each_distinct_line_leaves_nothing(llama_dir, reference):

@@ -17,6 +17,7 @@ Batches are flushed by the vLLM layer after each ``LLMEngine.step()``, at the en
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any, Callable
@@ -26,6 +27,8 @@ import numpy as np
 
 from vllm_api.block_hash import event_block_hash
 from vllm_api.errors import refuse
+
+logger = logging.getLogger(__name__)
 
 MEDIUM_GPU = "GPU"  # vLLM's name for an engine's own KV pool, whatever the device
 
@@ -105,13 +108,12 @@ def as_config(value) -> KVEventsConfig | None:
 
 class KVEventStream:
     """Turns one prefix cache's trace into vLLM's events; ``flush()`` hands the pending ones,
-    as one ``KVEventBatch``, to every subscriber. The pending events are kept in the engine's
-    journal: a step rolled back takes its events back with it, so none is ever published."""
-
-    _journal_skip = ("blocks", "lock", "subscribers", "journal")
+    as one ``KVEventBatch``, to every subscriber. It is one of the parts the engine core saves
+    around each operation (``snapshot`` / ``restore``): a step undone takes its events back with
+    it, so none is ever published. A subscriber that raises is logged and counted
+    (``failed_sends``); the others still get every batch."""
 
     def __init__(self, prefix_cache, block_size: int) -> None:
-        self.journal = prefix_cache.block_manager.journal
         self.blocks = prefix_cache.block_manager.blocks
         self.block_size = block_size
         self.lock = threading.Lock()
@@ -119,7 +121,17 @@ class KVEventStream:
         self._last_request: str | None = None  # whose BlockStored the last pending event is
         self._forgotten: list[int] = []
         self.subscribers: list[Callable[[KVEventBatch], None]] = []
+        self.failed_sends = 0
         prefix_cache.subscribe(self.on_chain_event)
+
+    def snapshot(self) -> tuple:
+        with self.lock:
+            return list(self.pending), self._last_request, list(self._forgotten)
+
+    def restore(self, saved: tuple) -> None:
+        pending, last_request, forgotten = saved
+        with self.lock:
+            self.pending, self._last_request, self._forgotten = list(pending), last_request, list(forgotten)
 
     def subscribe(self, callback: Callable[[KVEventBatch], None]) -> None:
         self.subscribers.append(callback)
@@ -132,7 +144,6 @@ class KVEventStream:
                    "clear": self._cleared}.get(event.kind)
         if handler is not None:
             with self.lock:
-                self.journal.keep(self)
                 handler(event)
 
     def _stored(self, event) -> None:
@@ -183,8 +194,17 @@ class KVEventStream:
             batch = KVEventBatch(ts=time.time(), events=self.pending, data_parallel_rank=0)
             self.pending, self._last_request = [], None
         for callback in list(self.subscribers):
-            callback(batch)
+            self._send(callback, batch)
         return batch
+
+    def _send(self, callback: Callable[[KVEventBatch], None], batch: KVEventBatch) -> None:
+        """One subscriber's failure is its own: logged and counted, as vLLM's publisher does."""
+        try:
+            callback(batch)
+        except Exception as exc:  # noqa: BLE001 -- any subscriber error; the others go on
+            self.failed_sends += 1
+            logger.warning("a KV event subscriber (%r) raised %r; batch %s skipped for it",
+                           callback, exc, batch.ts)
 
 
 def build_stream(config, prefix_cache, block_size: int):
@@ -192,7 +212,7 @@ def build_stream(config, prefix_cache, block_size: int):
     config = as_config(config)
     if config is None or not config.enable_kv_cache_events:
         return None
-    if prefix_cache is None:
+    if not prefix_cache.enabled:
         raise ValueError("kv_events_config needs prefix caching: cache events name cached "
                          "blocks (enable_prefix_caching=False)")
     stream = KVEventStream(prefix_cache, block_size)
