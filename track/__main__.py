@@ -34,8 +34,8 @@ def check(number: int, impl: str, only: bool) -> int:
     results = run_step(number, cls)
     for r in results:
         print(f"  {'ok  ' if r.ok else 'FAIL'} {r.scenario}")
-        for problem in r.problems:
-            print(f"         {problem}")
+        for line in r.message().splitlines():
+            print(f"         {line}")
     failed = sum(not r.ok for r in results)
     verdict = "passed" if not failed else f"{failed} of {len(results)} scenarios failed"
     print(f"step {number} {verdict} ({time.perf_counter() - begin:.1f} s)")

@@ -76,14 +76,15 @@ class Scenario:
     name: str
     script: Callable[[type[PrefixCache]], dict]  # cache class -> observations
     needs_model: bool = False
+    rule: str = ""  # the rule a failure breaks, said as the docstrings say it (never the code)
 
 
 SCENARIOS: list[Scenario] = []
 
 
-def scenario(step: int, name: str, needs_model: bool = False):
+def scenario(step: int, name: str, needs_model: bool = False, rule: str = ""):
     def register(script):
-        SCENARIOS.append(Scenario(step, name, script, needs_model))
+        SCENARIOS.append(Scenario(step, name, script, needs_model, rule))
         return script
     return register
 
@@ -318,6 +319,7 @@ def saved(cls, strategy: str, budget: int, tokens=None, decode: int = 0) -> dict
         "hash calls at save", run_prefill_and_decode(scheduler, seq, decode)))
     out["the map: cached block ids"] = [b.block_id for _, b in entries(cache)]
     out["the map: hashes, by block id"] = Chain(h for h, _ in entries(cache))
+    out["seq._block_hashes afterwards"] = Chain(seq._block_hashes)
     return out
 
 
@@ -356,7 +358,9 @@ def decode_blocks(cls):
     return saved(cls, "incremental", 2048, decode=40)
 
 
-@scenario(4, "a twin: the same prompt computed again without reading the cache")
+@scenario(4, "a twin: the same prompt computed again without reading the cache",
+          rule="an identical cached block replaces the block it twins, and the next block's parent "
+               "is then the twin (the cached chain), so every later block finds its twin too")
 def twin(cls):
     cache = new_cache(cls)
     scheduler = scheduler_for(cache)
@@ -364,7 +368,9 @@ def twin(cls):
     again = new_seq(cache, prompt(), "again", reads_prefix_cache=False)  # as with prompt logprobs
     scheduler.add(again)
     scheduler.commit(scheduler.schedule())
-    return {"its block table after the step": list(again.block_table),
+    cached = {b.block_id for b in cache.entries.values()}
+    return {"blocks switched to a cached twin": len(cached.intersection(again.block_table)),
+            "its block table after the step": list(again.block_table),
             "blocks in use": cache.block_manager.num_blocks_in_use,
             "cache entries": cache.num_cached_blocks}
 
@@ -515,21 +521,31 @@ class Result:
     scenario: str
     ok: bool
     problems: list[str]  # what differed, or what your code raised
+    rule: str = ""       # the rule the scenario checks (shown with a failure)
+
+    def message(self) -> str:
+        """The failure as the learner reads it: what differed, then the rule it breaks."""
+        lines = list(self.problems) + ([f"the rule: {self.rule}"] if self.rule and not self.ok else [])
+        return "\n".join(lines)
 
 
 def run_scenario(s: Scenario, cls: type[PrefixCache]) -> Result:
     try:
         got = s.script(cls)
     except Exception as exc:  # noqa: BLE001 -- the learner's code may raise anything: report it
-        return Result(s.name, False, [raised(exc)])
+        unwritten = isinstance(exc, NotImplementedError)  # a step not written yet: no rule broken
+        return Result(s.name, False, [raised(exc)], "" if unwritten else s.rule)
     problems = differences(got, oracle(s.script))  # the oracle only when there is something to compare
-    return Result(s.name, not problems, problems)
+    return Result(s.name, not problems, problems, s.rule)
+
+
+HARNESS = ("checks.py", "collisions.py", "test_steps.py", "conftest.py")  # the track's own files
 
 
 def raised(exc: Exception) -> str:
     """What the learner's code raised, and where in the track (not the engine's frames)."""
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if "/track/" in f.filename
-              and not f.filename.endswith("checks.py")]
+              and not f.filename.endswith(HARNESS)]
     where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno}, in {frames[-1].name})" if frames else ""
     return f"your code raised {type(exc).__name__}: {exc}{where}"
 
@@ -537,3 +553,6 @@ def raised(exc: Exception) -> str:
 def run_step(number: int, cls: type[PrefixCache], with_model: bool = True) -> list[Result]:
     """Every scenario of step ``number`` on ``cls`` (already composed, see track.implementation)."""
     return [run_scenario(s, cls) for s in scenarios_of(number) if with_model or not s.needs_model]
+
+
+from track import collisions  # noqa: E402,F401 -- registers the collision scenarios of steps 4 and 5

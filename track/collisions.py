@@ -1,0 +1,133 @@
+"""The track's scenarios for the rules that only a hash collision shows, and for chunk starts.
+
+A real 64-bit hash never collides in a test, so code that skips a rule which only matters
+under a collision would pass. Here the cache's ``hash_fn`` is swapped for one that collides on
+purpose: a block's hash is its first token id plus the seed, so two blocks that start with the
+same token after the same prefix share a hash. Each scenario checks one rule (the ``rule`` a
+failure prints); steps 4 and 5 run the same scripts, under each strategy.
+"""
+from __future__ import annotations
+
+from track.checks import (BLOCK, entries, match_of, new_cache, new_seq, prompt, run_to_end,
+                          scenario, scheduler_for)
+
+TAIL = 5  # tokens after the full blocks: a request's last token is never served from cache
+
+
+def first_token_hash(data: bytes, seed: int) -> int:
+    """A hash that collides on purpose: the block's first token id plus the seed (its parent's hash)."""
+    if not isinstance(seed, int):
+        raise TypeError(f"hash_fn's seed must be an int (the parent block's hash), got {seed!r}")
+    return (int.from_bytes(data[:8], "little") + seed) % 2 ** 64
+
+
+def weak_tokens(*firsts: int, fill: int) -> list[int]:
+    """One block per entry of ``firsts``, starting with that token, the rest ``fill``; then a tail."""
+    return [t for first in firsts for t in [first] + [fill] * (BLOCK - 1)] + [fill] * TAIL
+
+
+def computed_once(cache, scheduler, tokens, name):
+    """Admit a request and compute its whole prompt in one step; it keeps running."""
+    seq = new_seq(cache, tokens, name)
+    scheduler.add(seq)
+    scheduler.commit(scheduler.schedule())
+    return seq
+
+
+def weak_setup(cls, strategy):
+    """A weak-hash cache in which request "a" (blocks starting 10, 20) was computed and finished."""
+    cache = new_cache(cls, strategy, hash_fn=first_token_hash)
+    scheduler = scheduler_for(cache)
+    a = new_seq(cache, weak_tokens(10, 20, fill=1), "a")
+    run_to_end(scheduler, a)
+    return cache, scheduler
+
+
+def map_of(cache) -> dict:
+    return {"the map: cached block ids": [b.block_id for _, b in entries(cache)]}
+
+
+def collision_at_save(cls, strategy):
+    """"b" starts like "a" under the weak hash but holds other tokens: no twin, the entry stays."""
+    cache, scheduler = weak_setup(cls, strategy)
+    a_blocks = {b.block_id for b in cache.entries.values()}
+    b = computed_once(cache, scheduler, weak_tokens(10, 20, fill=2), "b")
+    return {"blocks of b's table that hold a's tokens": sorted(a_blocks.intersection(b.block_table)),
+            "b's block table after its step": list(b.block_table)} | map_of(cache)
+
+
+def saved_leaves_in_flight(cls, strategy):
+    """After a request's save, a lookup that misses on the same hash has nothing to wait for."""
+    cache, scheduler = weak_setup(cls, strategy)
+    computed_once(cache, scheduler, weak_tokens(10, 20, fill=2), "b")   # block 0 collides with a's
+    computed_once(cache, scheduler, weak_tokens(55, 66, fill=3), "e")   # both blocks saved
+    return (match_of(cache, new_seq(cache, weak_tokens(10, fill=4), "d"), "d's lookup")
+            | match_of(cache, new_seq(cache, weak_tokens(55, fill=5), "f"), "f's lookup"))
+
+
+def orphan_child(cls, strategy):
+    """"b"'s block 0 collides and stays private; its block 1 has a hash nobody holds."""
+    cache, scheduler = weak_setup(cls, strategy)
+    b = computed_once(cache, scheduler, weak_tokens(10, 77, fill=2), "b")
+    return map_of(cache) | {"b's block table after its step": list(b.block_table)}
+
+
+TWIN_RULE = ("a block cached under the same hash is a twin only if it holds these tokens after this "
+             "parent (_holds); otherwise it is a collision: the first block keeps the entry and this "
+             "one stays private")
+IN_FLIGHT_RULE = ("once a block's save is decided (saved, twin or collision) its hash is no longer in "
+                  "flight, so a later lookup that misses on that hash never waits for it")
+ORPHAN_RULE = ("a block whose parent is not cached is not saved: no lookup can reach it, "
+               "and the 'before' would have no parent hash to chain it from")
+
+for step, strategy in ((4, "incremental"), (5, "recompute")):
+    where = "" if step == 4 else ", under recompute"
+    for name, script, rule in (
+            ("a collision at save: a cached block under the same hash holds other tokens",
+             collision_at_save, TWIN_RULE),
+            ("in flight after a save: a lookup misses on a hash another request has saved",
+             saved_leaves_in_flight, IN_FLIGHT_RULE),
+            ("a block after a private one (its parent collided, so is not cached)", orphan_child,
+             ORPHAN_RULE)):
+        scenario(step, f"weak hash_fn: {name}{where}", rule=rule)(
+            lambda cls, script=script, strategy=strategy: script(cls, strategy))
+
+
+# ------------------------------------------------------------------ the chunk's start, the salt
+
+@scenario(4, "a new Sequence after a prefill in 100-token chunks hits every full block",
+          rule="a block saved at a chunk's start has the block before it as its parent (a chunk's "
+               "start is not the chain's start): a lookup verifies each hit by its parent's lifetime")
+def chunked_then_hit(cls):
+    cache = new_cache(cls)
+    run_to_end(scheduler_for(cache, budget=100), new_seq(cache, prompt(), "first"))
+    return match_of(cache, new_seq(cache, prompt(), "second"))
+
+
+@scenario(4, "a salted prompt seen before, looked up with the same cache_salt",
+          rule="a saved block records the request's cache_salt: a request with the same salt hits it")
+def same_salt_again(cls):
+    cache = new_cache(cls)
+    run_to_end(scheduler_for(cache), new_seq(cache, prompt(), "first", salt="alice"))
+    return match_of(cache, new_seq(cache, prompt(), "second", salt="alice"))
+
+
+@scenario(5, "a prompt sharing the first 300 tokens of one seen before, under recompute",
+          rule="the 'before' keeps no chain on the Sequence: it hashes each block it saves once more, "
+               "chained from its parent block's hash")
+def recompute_shared(cls):
+    cache = new_cache(cls, "recompute")
+    scheduler = scheduler_for(cache)
+    run_to_end(scheduler, new_seq(cache, prompt(), "first"))
+    seq = new_seq(cache, prompt()[:300] + list(range(7, 207)), "second")
+    out = {"hash calls at save": run_to_end(scheduler, seq), "seq._block_hashes afterwards": len(seq._block_hashes)}
+    return out | map_of(cache)
+
+
+@scenario(5, "under recompute: a new Sequence after a prefill in 100-token chunks hits every full block",
+          rule="at a chunk's start the 'before' chains the block from its parent block's hash, "
+               "never from the chain's seed")
+def recompute_chunked_then_hit(cls):
+    cache = new_cache(cls, "recompute")
+    run_to_end(scheduler_for(cache, budget=100), new_seq(cache, prompt(), "first"))
+    return match_of(cache, new_seq(cache, prompt(), "second"))
