@@ -133,22 +133,22 @@ class SamplingParams:
         self._validate_token_constraints()
 
     def _validate_counts(self) -> None:
-        self.n = _as_int("n", self.n)
-        _require(self.n >= 1, "n", self.n, f"n must be at least 1, got {self.n}.")
+        self.n = as_int("n", self.n)
+        require(self.n >= 1, "n", self.n, f"n must be at least 1, got {self.n}.")
         if self.max_tokens is not None:
-            self.max_tokens = _as_int("max_tokens", self.max_tokens)
-            _require(self.max_tokens >= 1, "max_tokens", self.max_tokens,
+            self.max_tokens = as_int("max_tokens", self.max_tokens)
+            require(self.max_tokens >= 1, "max_tokens", self.max_tokens,
                      f"max_tokens must be at least 1, got {self.max_tokens}.")
-        self.min_tokens = _as_int("min_tokens", self.min_tokens)
-        _require(self.min_tokens >= 0, "min_tokens", self.min_tokens,
+        self.min_tokens = as_int("min_tokens", self.min_tokens)
+        require(self.min_tokens >= 0, "min_tokens", self.min_tokens,
                  f"min_tokens must be greater than or equal to 0, got {self.min_tokens}.")
         if self.max_tokens is not None:
-            _require(self.min_tokens <= self.max_tokens, "min_tokens", self.min_tokens,
+            require(self.min_tokens <= self.max_tokens, "min_tokens", self.min_tokens,
                      f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, "
                      f"got {self.min_tokens}.")
         if self.seed is not None:
-            self.seed = _as_int("seed", self.seed, hint="a 64-bit integer")
-            _require(SEED_RANGE[0] <= self.seed < SEED_RANGE[1], "seed", self.seed,
+            self.seed = as_int("seed", self.seed, hint="a 64-bit integer")
+            require(SEED_RANGE[0] <= self.seed < SEED_RANGE[1], "seed", self.seed,
                      f"seed must be a 64-bit integer (-2**63 <= seed < 2**64), got {self.seed}")
             if self.seed == -1:  # vLLM: -1 means "no seed"
                 self.seed = None
@@ -156,46 +156,46 @@ class SamplingParams:
     def _validate_penalties_and_filters(self) -> None:
         for name in ("presence_penalty", "frequency_penalty"):
             value = _as_float(name, getattr(self, name))
-            _require(-2.0 <= value <= 2.0, name, value, f"{name} must be in [-2, 2], got {value}.")
+            require(-2.0 <= value <= 2.0, name, value, f"{name} must be in [-2, 2], got {value}.")
             setattr(self, name, value)
         self.repetition_penalty = _as_float("repetition_penalty", self.repetition_penalty)
-        _require(math.isfinite(self.repetition_penalty), "repetition_penalty",
+        require(math.isfinite(self.repetition_penalty), "repetition_penalty",
                  self.repetition_penalty, f"repetition_penalty must be a finite number, got "
                                           f"{self.repetition_penalty}.")
-        _require(self.repetition_penalty > 0.0, "repetition_penalty", self.repetition_penalty,
+        require(self.repetition_penalty > 0.0, "repetition_penalty", self.repetition_penalty,
                  f"repetition_penalty must be greater than zero, got {self.repetition_penalty}.")
         self.top_p = _as_float("top_p", self.top_p)
-        _require(0.0 < self.top_p <= 1.0, "top_p", self.top_p,
+        require(0.0 < self.top_p <= 1.0, "top_p", self.top_p,
                  f"top_p must be in (0, 1], got {self.top_p}.")
         self.min_p = _as_float("min_p", self.min_p)
-        _require(0.0 <= self.min_p <= 1.0, "min_p", self.min_p,
+        require(0.0 <= self.min_p <= 1.0, "min_p", self.min_p,
                  f"min_p must be in [0, 1], got {self.min_p}.")
-        self.top_k = _as_int("top_k", self.top_k)
-        _require(self.top_k >= -1, "top_k", self.top_k,
+        self.top_k = as_int("top_k", self.top_k)
+        require(self.top_k >= -1, "top_k", self.top_k,
                  f"top_k must be 0 (disable), or at least 1, got {self.top_k}.")
 
     def _validate_temperature(self) -> None:
         value = self.temperature = _as_float("temperature", self.temperature)
-        _require(math.isfinite(value), "temperature", value,
+        require(math.isfinite(value), "temperature", value,
                  f"temperature must be a finite number, got {value}.")
-        _require(value >= 0.0, "temperature", value,
+        require(value >= 0.0, "temperature", value,
                  f"temperature must be non-negative, got {value}.")
-        _require(value <= 2.0, "temperature", value, f"temperature must be in [0, 2], got {value}.")
+        require(value <= 2.0, "temperature", value, f"temperature must be in [0, 2], got {value}.")
         if 0 < self.temperature < MIN_TEMPERATURE:
             warnings.warn(f"temperature {self.temperature} is below {MIN_TEMPERATURE}, which "
                           f"overflows to inf/nan; raised to {MIN_TEMPERATURE} (as vLLM does)")
             self.temperature = MIN_TEMPERATURE
         if self.greedy:
             self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0  # they change nothing under argmax
-            _require(self.n == 1, "n", self.n,
+            require(self.n == 1, "n", self.n,
                      f"n must be 1 when using greedy sampling, got {self.n}.")
 
     def _validate_stops(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = _as_list("stop", self.stop, str)
-        _require(all(self.stop), "stop", self.stop, "stop cannot contain an empty string.")
-        _require(not self.stop or _is_bool(self.detokenize, True), "stop", self.stop,
+        require(all(self.stop), "stop", self.stop, "stop cannot contain an empty string.")
+        require(not self.stop or _is_bool(self.detokenize, True), "stop", self.stop,
                  "stop strings are only supported when detokenize is True. "
                  "Set detokenize=True to use stop.")
         ids = _as_list("stop_token_ids", self.stop_token_ids, int)
@@ -207,15 +207,15 @@ class SamplingParams:
             if value is True:
                 value = 1  # vLLM: True means 1
             if value is not None:
-                value = _as_int(name, value, hint="an integer >= 0, or -1 (all)")
-                _require(value >= -1, name, value,
+                value = as_int(name, value, hint="an integer >= 0, or -1 (all)")
+                require(value >= -1, name, value,
                          f"{name} must be non-negative or -1, got {value}.")
             setattr(self, name, value)
         for name in ("ignore_eos", "detokenize", "skip_special_tokens",
                      "spaces_between_special_tokens", "include_stop_str_in_output"):
-            _check_bool(name, getattr(self, name))
+            check_bool(name, getattr(self, name))
         if self.skip_reading_prefix_cache is not None:
-            _check_bool("skip_reading_prefix_cache", self.skip_reading_prefix_cache)
+            check_bool("skip_reading_prefix_cache", self.skip_reading_prefix_cache)
         if not isinstance(self.output_kind, RequestOutputKind):
             raise ParameterError(f"output_kind must be a RequestOutputKind, got "
                             f"{self.output_kind!r}", parameter="output_kind",
@@ -226,13 +226,14 @@ class SamplingParams:
         if self.allowed_token_ids is not None:
             self.allowed_token_ids = _as_list("allowed_token_ids", self.allowed_token_ids, int)
         self.bad_words = list(dict.fromkeys(_as_list("bad_words", self.bad_words, str)))
-        _require(all(self.bad_words), "bad_words", self.bad_words,
+        require(all(self.bad_words), "bad_words", self.bad_words,
                  f"bad_words cannot contain an empty string. Got bad_words={self.bad_words}")
 
 
 # ---------------------------------------------------------------------- field checks
+# require / check_bool / as_int are public: a layer adding fields (vllm_api) checks them alike.
 
-def _require(condition: bool, parameter: str, value, message: str) -> None:
+def require(condition: bool, parameter: str, value, message: str) -> None:
     if not condition:
         raise ParameterError(message, parameter=parameter, value=value)
 
@@ -241,12 +242,12 @@ def _is_bool(value, expected: bool) -> bool:
     return isinstance(value, (bool, np.bool_)) and bool(value) is expected
 
 
-def _check_bool(name: str, value) -> None:
-    _require(isinstance(value, (bool, np.bool_)), name, value,
+def check_bool(name: str, value) -> None:
+    require(isinstance(value, (bool, np.bool_)), name, value,
              f"{name} must be True or False, got {value!r}")
 
 
-def _as_int(name: str, value, hint: str | None = None) -> int:
+def as_int(name: str, value, hint: str | None = None) -> int:
     """``value`` as a Python int; bools, floats and strings are refused."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise ParameterError(f"{name} must be {hint or 'an integer'}, got {value!r} "
@@ -260,7 +261,7 @@ def _as_float(name: str, value) -> float:
         raise ParameterError(f"{name} must be a number, got {value!r} "
                              f"({type(value).__name__})", parameter=name, value=value)
     value = float(value)
-    _require(not math.isnan(value), name, value, f"{name} must be a finite number, got nan.")
+    require(not math.isnan(value), name, value, f"{name} must be a finite number, got nan.")
     return value
 
 
@@ -274,10 +275,10 @@ def _as_list(name: str, values, item_type: type) -> list:
     if item_type is int:
         bad = [v for v in values
                if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer))]
-        _require(not bad, name, values, f"{name} must contain only integers, got {list(values)}.")
+        require(not bad, name, values, f"{name} must contain only integers, got {list(values)}.")
         return [int(v) for v in values]
     bad = [v for v in values if not isinstance(v, item_type)]
-    _require(not bad, name, values,
+    require(not bad, name, values,
              f"{name} must contain only {item_type.__name__}, got {bad[:1]!r}")
     return list(values)
 
@@ -286,18 +287,18 @@ def _as_logit_bias(bias) -> dict[int, float] | None:
     """{token id (int or numeric string): finite float}."""
     if bias is None:
         return None
-    _require(isinstance(bias, dict), "logit_bias", bias,
+    require(isinstance(bias, dict), "logit_bias", bias,
              f"logit_bias must be a dict of token id -> bias, got {bias!r}")
     out = {}
     for key, value in bias.items():
         try:
-            token = int(key) if isinstance(key, str) else _as_int("logit_bias key", key)
+            token = int(key) if isinstance(key, str) else as_int("logit_bias key", key)
         except (ValueError, ParameterError):
             raise ParameterError(f"logit_bias contains key(s) that cannot be converted to "
                                  f"integer token IDs: {[key]!r}", parameter="logit_bias",
                                  value=[key]) from None
         out[token] = _as_float(f"logit_bias[{token}]", value)
-        _require(math.isfinite(out[token]), "logit_bias", bias,
+        require(math.isfinite(out[token]), "logit_bias", bias,
                  f"logit_bias[{token}] must be finite, got {value}")
     return out
 
@@ -308,9 +309,9 @@ def _check_logprob_count(name: str, value: int | None, vocab_size: int, limit: i
         return
     wanted = vocab_size if value == -1 else value
     what = "sample logprobs" if name == "logprobs" else "prompt logprobs"
-    _require(wanted <= vocab_size, name, value,
+    require(wanted <= vocab_size, name, value,
              f"{name}={value} exceeds the vocabulary size {vocab_size}")
-    _require(wanted <= limit, name, value,
+    require(wanted <= limit, name, value,
              f"Requested {what} of {wanted}, which is greater than max allowed: {limit} "
              f"(the engine argument max_logprobs={max_logprobs}, as in vLLM; "
              f"max_logprobs=-1 allows the whole vocabulary)")
@@ -318,7 +319,7 @@ def _check_logprob_count(name: str, value: int | None, vocab_size: int, limit: i
 
 def _check_token_ids(name: str, ids, vocab_size: int) -> None:
     bad = [t for t in ids or () if not 0 <= t < vocab_size]
-    _require(not bad, name, bad, f"token_id(s) {bad[:5]} in {name} contain out-of-vocab token "
+    require(not bad, name, bad, f"token_id(s) {bad[:5]} in {name} contain out-of-vocab token "
                                  f"ids. Vocabulary size: {vocab_size} (the vocabulary is "
                                  f"[0, {vocab_size}))")
 
@@ -335,7 +336,7 @@ def _tokenize_bad_words(words: list[str], tokenizer, vocab_size: int) -> list[li
     sequences: list[list[int]] = []
     for word in words:
         plain = list(tokenizer.encode(word.lstrip(), add_special_tokens=False))
-        _require(bool(plain), "bad_words", words,
+        require(bool(plain), "bad_words", words,
                  f"bad_words entries must tokenize to at least one token; {word!r} does not")
         spaced = list(tokenizer.encode(" " + word.lstrip(), add_special_tokens=False))
         sequences.append(plain)

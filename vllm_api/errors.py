@@ -5,6 +5,10 @@ vLLM 0.32 raises ``VLLMValidationError`` for a bad request value; here it is the
 ``except VLLMValidationError`` both catch it. A feature this engine does not serve (LoRA,
 structured outputs, beam search, pooling, ...) is refused when it is *used* -- its parameter
 objects construct fine -- with an ``UnsupportedFeatureError`` whose message names the feature.
+An attribute of vLLM's classes that this engine has no counterpart for raises
+``UnsupportedAttributeError``, an ``UnsupportedFeatureError`` that is also an
+``AttributeError``, so ``getattr(obj, name, None)`` and ``hasattr`` still answer.
+``EngineDeadError`` is vLLM's: the engine failed in a step and serves nothing more.
 """
 from __future__ import annotations
 
@@ -26,3 +30,18 @@ class UnsupportedFeatureError(ValueError):
 def refuse(feature: str, reason: str) -> None:
     """Raise the refusal for ``feature`` ("structured outputs", "LoRA", ...)."""
     raise UnsupportedFeatureError(feature, reason)
+
+
+class UnsupportedAttributeError(UnsupportedFeatureError, AttributeError):
+    """A vLLM attribute read here: refused naming the feature, and an AttributeError."""
+
+
+class EngineDeadError(RuntimeError):
+    """vLLM's ``EngineDeadError``: a step failed, the engine is stopped for every caller;
+    ``__cause__`` is what the step raised."""
+
+    def __init__(self, cause: BaseException | None = None) -> None:
+        detail = f" The step raised {cause!r}." if cause is not None else ""
+        super().__init__("EngineCore encountered an issue. See stack trace (above) for the "
+                         "root cause." + detail)
+        self.__cause__ = cause

@@ -21,7 +21,9 @@ from vllm_api.errors import refuse
 from vllm_api.intake import reject_unsupported
 from vllm_api.llm_engine import LLMEngine
 from vllm_api.llm_extras import LLMExtras
+from vllm_api.member_refusals import LLM_REFUSED
 from vllm_api.pooling import POOLING_REASON
+from vllm_api.refusals import refuses
 from vllm_api.sampling_params import SamplingParams
 
 
@@ -29,8 +31,12 @@ def _engine_attribute(name: str, doc: str) -> property:
     return property(lambda self: getattr(self.llm_engine, name), doc=doc)
 
 
+@refuses("LLM", LLM_REFUSED)
 class LLM(LLMExtras):
     """Offline inference on a local Hugging Face checkpoint: ``LLM(model_dir).generate(prompts)``."""
+
+    runner_type = "generate"
+    supported_tasks = ("generate",)
 
     def __init__(self, model: str | os.PathLike, **engine_args) -> None:
         self.llm_engine = LLMEngine(model, **engine_args)
@@ -53,6 +59,20 @@ class LLM(LLMExtras):
     model_path = _engine_attribute("model_path", "The checkpoint directory.")
     device = _engine_attribute("device", "The device the model runs on.")
 
+    @property
+    def engine_class(self) -> type:
+        return type(self.llm_engine)
+
+    @property
+    def chat_template(self) -> str | None:
+        """The chat template given as an engine argument (None: the tokenizer's)."""
+        return self.config.chat_template
+
+    @property
+    def default_sampling_params(self) -> dict | None:
+        """The checkpoint's sampling defaults vLLM applies (None when it has none)."""
+        return self.model_config.get_diff_sampling_param() or None
+
     # ------------------------------------------------------------------ generate and chat
 
     def generate(self, prompts, sampling_params=None, use_tqdm: bool = True, *,
@@ -62,6 +82,7 @@ class LLM(LLMExtras):
         checkpoint's defaults, ``get_default_sampling_params()``). Safe to call from several
         threads at once: the calls share steps."""
         reject_unsupported(lora_request, priority, **unsupported)
+        self._check_awake()
         prompts = _as_prompt_list(prompts)
         requests = list(zip(prompts, _params_list(sampling_params, prompts)))
         sink = OutputSink(takes_aborted=True)
@@ -72,6 +93,12 @@ class LLM(LLMExtras):
             self.llm_engine.engine_core.cancel(sink)
         order = {state.request_id: i for i, state in enumerate(states)}
         return sorted(sink.drain(), key=lambda out: order[out.request_id])
+
+    def _check_awake(self) -> None:
+        """vLLM's generate() would wait for ever on a paused engine; this one says so."""
+        if self.llm_engine.paused:
+            raise RuntimeError("the engine is paused (sleep(level=0)): generate() would never "
+                               "finish; call wake_up(tags=['scheduling']) first")
 
     def _run(self, sink: OutputSink, num_requests: int, use_tqdm) -> None:
         """``use_tqdm``: False, True (tqdm's bar) or, as in vLLM, the factory of the bar."""
@@ -154,6 +181,8 @@ def _params_list(sampling_params, prompts: list) -> list:
 
 
 def _as_prompt_list(prompts) -> list:
+    if isinstance(prompts, np.ndarray) and prompts.dtype.kind in "OUS":
+        return [p.decode() if isinstance(p, bytes) else p for p in prompts.tolist()]  # Ray Data
     if isinstance(prompts, (str, dict, np.ndarray, torch.Tensor)):
         return [prompts]
     prompts = list(prompts)

@@ -7,6 +7,7 @@ vLLM's prompt forms into token ids, vLLM's options into the core's, automatic re
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 from pathlib import Path
@@ -30,15 +31,27 @@ from vllm_api.loading import load_checkpoint
 from vllm_api.kv_events import build_stream
 from vllm_api.block_hash import hash_fn_for
 from vllm_api.llm_extras import LLMExtras
+from vllm_api.member_refusals import ENGINE_REFUSED
+from vllm_api.model_config import ModelConfig
+from vllm_api.output_view import OutputProcessorView
+from vllm_api.refusals import refuses
 from vllm_api.sampling_params import SamplingParams
 
 SAMPLING_DEFAULT_KEYS = ("repetition_penalty", "presence_penalty", "frequency_penalty",
                          "temperature", "top_k", "top_p", "min_p", "max_new_tokens")
 
 
+@refuses("LLMEngine", ENGINE_REFUSED)
 class LLMEngine(LLMExtras):
     """vLLM's ``LLMEngine``: outputs per each request's ``output_kind`` (vLLM's default,
     CUMULATIVE, is everything so far)."""
+
+    paused = False  # sleep(level=0) until wake_up(): step() runs nothing (llm_extras.py)
+    log_stats = False  # vLLM's attributes of a single, non-logging, in-process engine
+    logger_manager = None
+    dp_group = None
+    external_launcher_dp = False
+    should_execute_dummy_batch = False
 
     def __init__(self, model: str | os.PathLike, **engine_args) -> None:
         self.config = EngineConfig(**translate_engine_args(engine_args,
@@ -99,9 +112,14 @@ class LLMEngine(LLMExtras):
     def model(self):
         return self.engine_core.model
 
+    @functools.cached_property
+    def model_config(self) -> ModelConfig:
+        """vLLM's ModelConfig view; the model's own config fields read through it too."""
+        return ModelConfig(self)
+
     @property
-    def model_config(self):
-        return self.model.config
+    def output_processor(self) -> OutputProcessorView:
+        return OutputProcessorView(self)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -127,7 +145,10 @@ class LLMEngine(LLMExtras):
 
     def step(self) -> list[RequestOutput]:
         """One step; the outputs of ``add_request``'s requests (per their ``output_kind``),
-        including any produced while a ``generate()`` call was stepping."""
+        including any produced while a ``generate()`` call was stepping. Nothing while
+        paused (``sleep(level=0)``)."""
+        if self.paused:
+            return []
         try:
             return self.engine_core.step()
         finally:

@@ -27,6 +27,13 @@ WEIGHT_UPDATE_REASON = ("weights load once from the checkpoint; build a new LLM 
 SLEEP_REASON = "weights and KV cache always stay in memory (enable_sleep_mode is refused)"
 
 
+def check_sleep_level(level: int) -> None:
+    """Level 0 (pause scheduling) is served; 1 and 2 free memory, which this engine never does."""
+    if level != 0:
+        refuse("sleep mode", f"sleep(level={level}): {SLEEP_REASON}; sleep(level=0) pauses "
+                             f"scheduling")
+
+
 class LLMExtras:
     """Mixed into ``engine.LLM``; uses its ``stats()``, ``config``, ``model`` and
     ``scheduler`` and nothing of the step loop."""
@@ -93,14 +100,29 @@ class LLMExtras:
     def reset_mm_cache(self) -> None:
         """Nothing to reset: no multimodal inputs."""
 
-    def sleep(self, level: int = 1) -> None:
-        refuse("sleep mode", SLEEP_REASON)
+    def sleep(self, level: int = 1, mode: str = "abort") -> None:
+        """vLLM's pause: ``sleep(level=0)`` stops scheduling (requests are still accepted,
+        ``step()`` runs nothing) until ``wake_up(tags=["scheduling"])``; ``mode`` "abort"
+        aborts the requests in the engine, "keep" keeps them. Deeper levels free memory this
+        engine never frees, and are refused."""
+        check_sleep_level(level)
+        if mode not in ("abort", "keep"):
+            refuse(f"sleep(mode={mode!r}) on the offline engine",
+                   "its steps run in the caller's thread: finish the requests with step() "
+                   "first, or use mode='keep'")
+        engine = getattr(self, "llm_engine", self)
+        if mode == "abort":
+            engine.abort_request(list(engine.engine_core.output_processor.requests))
+        engine.paused = True
 
-    def wake_up(self, tags=None) -> None:
-        refuse("sleep mode", SLEEP_REASON)
+    def wake_up(self, tags=None) -> bool:
+        """Resume scheduling (``tags`` None or naming "scheduling"); True: fully awake."""
+        if tags is None or "scheduling" in tags:
+            getattr(self, "llm_engine", self).paused = False
+        return True
 
     def is_sleeping(self) -> bool:
-        return False
+        return getattr(self, "llm_engine", self).paused
 
     def do_log_stats(self, *args, **kwargs) -> None:
         """The engine logs no statistics; ``get_metrics()`` has them."""

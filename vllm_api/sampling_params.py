@@ -14,8 +14,10 @@ from typing import Any
 
 from core.sampling_params import DEFAULT_MAX_LOGPROBS, ParameterError, RequestOutputKind
 from core.sampling_params import SamplingParams as CoreSamplingParams
-from core.sampling_params import _as_int, _check_bool, _require
+from core.sampling_params import as_int, check_bool, require
 from vllm_api.errors import refuse
+from vllm_api.member_refusals import SAMPLING_REFUSED
+from vllm_api.refusals import refuses
 
 __all__ = ["SamplingParams", "SamplingType", "RequestOutputKind", "RepetitionDetectionParams"]
 
@@ -31,7 +33,10 @@ UNSUPPORTED_FIELDS = {
     "watermarking": "watermarking is not implemented",
     "flat_logprobs": "logprobs always come as a list of dicts here",
     "trace_decode_token_ids": "trace replay is not implemented",
+    "routed_experts_prompt_start": "mixture-of-experts routing records are not implemented",
 }
+# Unsupported fields whose "off" value is neither None nor False (vLLM's defaults).
+OFF_VALUES = {"routed_experts_prompt_start": 0}
 # The feature each unsupported field stands for, as its refusal names it.
 UNSUPPORTED_FEATURES = {"structured_outputs": "structured outputs"}
 
@@ -52,6 +57,7 @@ class RepetitionDetectionParams:
     min_count: int = 0
 
 
+@refuses("SamplingParams", SAMPLING_REFUSED)
 @dataclass
 class SamplingParams(CoreSamplingParams):
     """vLLM's sampling parameters; see core/sampling_params.py for when they are checked."""
@@ -68,6 +74,7 @@ class SamplingParams(CoreSamplingParams):
     watermarking: bool | None = None
     flat_logprobs: bool = False
     trace_decode_token_ids: list[int] | None = None
+    routed_experts_prompt_start: int = 0
 
     @property
     def sampling_type(self) -> SamplingType:
@@ -98,17 +105,32 @@ class SamplingParams(CoreSamplingParams):
             return 0
         return max(len(s) for s in self.stop) - 1
 
-    @classmethod
-    def from_optional(cls, **kwargs) -> "SamplingParams":
-        """vLLM's ``from_optional``: ``None`` for a field that cannot be None (``n``,
-        ``temperature``, ...) means its default; where None has a meaning (``max_tokens``,
-        ``seed``, ...) it is kept."""
-        unknown = set(kwargs) - set(cls.__struct_fields__)
-        if unknown:
-            raise TypeError(f"unknown SamplingParams field(s): {', '.join(sorted(unknown))}")
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        return cls(**{name: value for name, value in kwargs.items()
-                      if value is not None or "None" in str(fields[name].type)})
+    @staticmethod
+    def from_optional(
+            n: int | None = 1, presence_penalty: float | None = 0.0,
+            frequency_penalty: float | None = 0.0, repetition_penalty: float | None = 1.0,
+            temperature: float | None = 1.0, watermarking: bool | None = None,
+            top_p: float | None = 1.0, top_k: int = 0, min_p: float = 0.0,
+            seed: int | None = None, stop=None, stop_token_ids=None, bad_words=None,
+            thinking_token_budget: int | None = None, include_stop_str_in_output: bool = False,
+            ignore_eos: bool = False, max_tokens: int | None = 16, min_tokens: int = 0,
+            logprobs: int | None = None, prompt_logprobs: int | None = None,
+            prompt_logprob_token_ids=None, prompt_logprob_start: int | None = None,
+            detokenize: bool = True, skip_special_tokens: bool = True,
+            spaces_between_special_tokens: bool = True,
+            output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE,
+            stream_interval: int | None = None, structured_outputs=None, logit_bias=None,
+            allowed_token_ids=None, extra_args=None, skip_clone: bool = False,
+            repetition_detection=None, logprob_token_ids=None,
+            routed_experts_prompt_start: int = 0,
+            trace_decode_token_ids=None) -> "SamplingParams":
+        """vLLM's ``from_optional``, with its named parameters (frameworks inspect them):
+        ``None`` for a field that cannot be None (``n``, ``temperature``, ...) means its
+        default; where None has a meaning (``max_tokens``, ``seed``, ...) it is kept."""
+        given = dict(locals())
+        fields = {f.name: f for f in dataclasses.fields(SamplingParams)}
+        return SamplingParams(**{name: value for name, value in given.items()
+                                 if value is not None or "None" in str(fields[name].type)})
 
     def verify(self, vocab_size: int, max_logprobs: int = DEFAULT_MAX_LOGPROBS,
                tokenizer=None) -> None:
@@ -119,10 +141,10 @@ class SamplingParams(CoreSamplingParams):
 
     def _validate(self) -> None:
         super()._validate()
-        _check_bool("skip_clone", self.skip_clone)
+        check_bool("skip_clone", self.skip_clone)
         if self.stream_interval is not None:
-            self.stream_interval = _as_int("stream_interval", self.stream_interval)
-            _require(self.stream_interval >= 1, "stream_interval", self.stream_interval,
+            self.stream_interval = as_int("stream_interval", self.stream_interval)
+            require(self.stream_interval >= 1, "stream_interval", self.stream_interval,
                      f"stream_interval must be at least 1, got {self.stream_interval}.")
         if self.extra_args is not None and not isinstance(self.extra_args, dict):
             raise ParameterError(f"extra_args must be a dict, got "
@@ -132,7 +154,7 @@ class SamplingParams(CoreSamplingParams):
     def _refuse_unsupported(self) -> None:
         for name, reason in UNSUPPORTED_FIELDS.items():
             value = getattr(self, name)
-            if value is not None and value is not False:
+            if value is not None and value is not False and value != OFF_VALUES.get(name):
                 refuse(UNSUPPORTED_FEATURES.get(name, name), f"{name}={value!r}: {reason}")
 
 
