@@ -14,7 +14,7 @@ import pytest
 import xxhash
 
 import track
-from prefix_cache import PrefixCache
+from prefix_cache import PrefixCache, PrefixMatch
 from track import CHAPTER_METHODS, STEPS, TrackError, implementation, load_class
 from track.checks import Chain, oracle, run_step, scenarios_of
 
@@ -123,17 +123,124 @@ class UnsaltedRebuild(Written):
             seq._root_hash = root
 
 
+def save(self, seq, index, block, parent, *, verify=True, pop="always", orphans=False,
+         overwrite=False, salt=True):
+    """The reference's _save_prefix_cache with one of its rules switched off."""
+    if block.block_hash is not None or (not orphans and parent is not None and parent.block_hash is None):
+        return None
+    h = self._hash_for_save(seq, index, parent)
+    if pop == "always":
+        self._in_flight.pop(h, None)
+    existing, parents = self._prefix_cache.get(h), [parent] if parent else []
+    if existing is None or (overwrite and not self._holds(existing, seq, index, parents)):
+        if pop == "when saved":
+            self._in_flight.pop(h, None)
+        block.set_identity(h, seq.block_bytes(index, self.block_size),
+                           parent.lifetime if parent else None, seq.cache_salt if salt else None)
+        self._prefix_cache[h] = block
+        return None
+    return existing if not verify or self._holds(existing, seq, index, parents) else None
+
+
+def saver(**rule_off):
+    return lambda self, seq, index, block, parent: save(self, seq, index, block, parent, **rule_off)
+
+
+class TwinUnverified(Written):  # W3: any block under the same hash is a twin
+    _save_prefix_cache = saver(verify=False)
+
+
+class InFlightKept(Written):  # W1: a saved block's hash stays in flight
+    _save_prefix_cache = saver(pop="never")
+
+
+class InFlightKeptOnCollision(Written):  # W1, half: only a block that got the entry leaves
+    _save_prefix_cache = saver(pop="when saved")
+
+
+class SavesOrphans(Written):  # W2: a block after an uncached parent is saved
+    _save_prefix_cache = saver(orphans=True)
+
+
+class CollisionTakesEntry(Written):
+    _save_prefix_cache = saver(overwrite=True)
+
+
+class SaltDropped(Written):
+    _save_prefix_cache = saver(salt=False)
+
+
+def prefill(self, seq, start, end, *, twin_parent=True, chunk_parent=True):
+    """The reference's _do_prefill_step with one of its rules switched off."""
+    bs, blocks, twins = self.block_size, self.block_manager.blocks, []
+    parent = blocks[seq.block_table[start // bs - 1]] if start >= bs and chunk_parent else None
+    for index in range(start // bs, end // bs):
+        block = blocks[seq.block_table[index]]
+        twin = self._save_prefix_cache(seq, index, block, parent)
+        if twin is not None:
+            twins.append((index, twin))
+        parent = twin or block if twin_parent else block
+    return twins
+
+
+class ParentIgnoresTwin(Written):
+    def _do_prefill_step(self, seq, start, end):
+        return prefill(self, seq, start, end, twin_parent=False)
+
+
+class ParentNoneAtChunkStart(Written):
+    def _do_prefill_step(self, seq, start, end):
+        return prefill(self, seq, start, end, chunk_parent=False)
+
+
+class PastedIncremental(Written):
+    """The incremental branch pasted into the recompute one."""
+
+    def _hash_for_save(self, seq, index, parent):
+        if index >= len(seq._block_hashes):
+            self._precompute_block_hashes(seq)
+        return seq._block_hashes[index]
+
+
+class QueriedLeftOut(Written):
+    def _lookup_prefix_cache(self, seq):
+        match = super()._lookup_prefix_cache(seq)
+        return PrefixMatch(match.blocks, match.num_cached_tokens, match.chain, match.next_in_flight)
+
+
+WEAK = "weak hash_fn: "
 MISTAKES = [
     (Uncounted, 1, "the chain of the 527-token prompt", "hash calls: yours 0, the engine's 32"),
     (WholeBuffer, 1, "one block, seed 0", "the block's hash: block 0's hash differs"),
     (RehashEveryCall, 2, "the same Sequence, precomputed twice", "hash calls of call 2: yours 32, the engine's 0"),
-    (NoVerify, 3, "a hash that collides (hash_fn keeps 2 bits)", "cached tokens of the lookup: yours"),
+    (NoVerify, 3, "a hash that collides (hash_fn keeps 2 bits)", "the rule: a hit is a cached block that holds"),
     (LastTokenFromCache, 3, "a prompt of exactly 32 full blocks, seen before", "cached tokens of the lookup: yours 512"),
     (SnippetSave, 4, "a cold request, prefilled in 100-token chunks (boundaries inside chunks)",
      "the map: cached block ids"),
     (RehashAtSave, 4, "the chapter's table, incremental column", "row 'of which at save': hash calls: yours 32, the engine's 0"),
     (UnsaltedRebuild, 5, "_rebuild_chain of a Sequence with cache_salt 'alice' and generated tokens",
      "the chain: block 0's hash differs from the engine's (it is the first block)"),
+    (TwinUnverified, 4, WEAK + "a collision at save: a cached block under the same hash holds other tokens",
+     "the rule: a block cached under the same hash is a twin only if it holds these tokens"),
+    (CollisionTakesEntry, 4, WEAK + "a collision at save: a cached block under the same hash holds other tokens",
+     "the first block keeps the entry"),
+    (InFlightKept, 4, WEAK + "in flight after a save: a lookup misses on a hash another request has saved",
+     "next_in_flight of f's lookup: yours True, the engine's False"),
+    (InFlightKeptOnCollision, 4, WEAK + "in flight after a save: a lookup misses on a hash another request "
+     "has saved", "the rule: once a block's save is decided (saved, twin or collision) its hash is no longer"),
+    (SavesOrphans, 4, WEAK + "a block after a private one (its parent collided, so is not cached)",
+     "the rule: a block whose parent is not cached is not saved"),
+    (SavesOrphans, 5, WEAK + "a block after a private one (its parent collided, so is not cached), under "
+     "recompute", "hash_fn's seed must be an int (the parent block's hash), got None"),
+    (ParentIgnoresTwin, 4, "a twin: the same prompt computed again without reading the cache",
+     "the next block's parent is then the twin"),
+    (ParentNoneAtChunkStart, 4, "a new Sequence after a prefill in 100-token chunks hits every full block",
+     "the rule: a block saved at a chunk's start has the block before it as its parent"),
+    (PastedIncremental, 5, "a prompt sharing the first 300 tokens of one seen before, under recompute",
+     "the rule: the 'before' keeps no chain on the Sequence"),
+    (SaltDropped, 4, "a salted prompt seen before, looked up with the same cache_salt",
+     "the rule: a saved block records the request's cache_salt"),
+    (QueriedLeftOut, 3, "a cold lookup", "tokens queried by the lookup: yours 0, the engine's 527"),
 ]
 
 
@@ -141,7 +248,7 @@ MISTAKES = [
 def test_a_mistake_fails_its_step_naming_the_scenario_not_the_answer(cls, number, scenario, says):
     results = {r.scenario: r for r in run_step(number, implementation(cls, number), with_model=False)}
     assert not results[scenario].ok
-    message = "\n".join(results[scenario].problems)
+    message = results[scenario].message()
     assert says in message, message
     answers = oracle(next(s.script for s in scenarios_of(number) if s.name == scenario)).values()
     hashes = {h for v in answers if isinstance(v, Chain) for h in v if h > 2 ** 32}  # not the weak hash's 0..3
@@ -168,14 +275,26 @@ def test_start_copies_the_skeleton_and_reset_keeps_the_old_file(tmp_path, monkey
     assert (tmp_path / "my_prefix_cache.py.bak").read_text() == "# my work\n"
 
 
-def test_the_command_passes_the_reference_and_fails_the_skeleton():
-    def check(impl: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "track", "check", "2", "--impl", impl],
-                              cwd=ROOT, capture_output=True, text=True, timeout=120)
-    good, bad = check("reference"), check("skeleton")
+def test_the_command_passes_the_reference_and_fails_the_skeleton(capsys):
+    from track.__main__ import main
+    good = subprocess.run([sys.executable, "-m", "track", "check", "2", "--impl", "reference"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert good.returncode == 0 and "step 2 passed" in good.stdout, good.stdout + good.stderr
-    assert bad.returncode == 1 and "FAIL a cold Sequence of 527 tokens" in bad.stdout, bad.stdout
-    assert "NotImplementedError: step 2" in bad.stdout
+    assert main(["check", "3", "--impl", "skeleton"]) == 1  # in this process: no second start
+    bad = capsys.readouterr().out
+    assert "FAIL a hash that collides (hash_fn keeps 2 bits)" in bad, bad
+    assert "NotImplementedError: step 3" in bad and "the rule:" not in bad  # nothing written, no rule broken
+
+
+def test_pytest_runs_one_test_per_scenario_with_the_teaching_message():
+    """``python -m pytest track`` on the skeleton: each scenario a test named by step and scenario,
+    failing with the message ``python -m track check`` prints (the reference passes: above)."""
+    bad = subprocess.run([sys.executable, "-m", "pytest", "track", "-k", "step2", "--impl", "skeleton",
+                          "-n", "0", "-p", "no:cacheprovider", "-rf"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1 and f"{len(scenarios_of(2))} failed" in bad.stdout, bad.stdout + bad.stderr
+    assert "test_scenario[step2: a cold Sequence of 527 tokens]" in bad.stdout
+    assert "your code raised NotImplementedError: step 2: write _precompute_block_hashes" in bad.stdout
 
 
 # ----------------------------------------------------------------------------- the instructions

@@ -234,6 +234,7 @@ def match_of(cache: PrefixCache, seq: Sequence, label: str = "the lookup") -> di
     out[f"cached tokens of {label}"] = match.num_cached_tokens
     out[f"cached block ids of {label}"] = [b.block_id for b in match.blocks]
     out[f"next_in_flight of {label}"] = match.next_in_flight
+    out[f"tokens queried by {label}"] = match.queried
     out[f"the chain {label} returns"] = Chain(match.chain)
     return out
 
@@ -281,18 +282,23 @@ def other_salt(cls):
     return seen_then_looked_up(cls, prompt(), salt="bob")
 
 
-@scenario(3, "a prompt of exactly 32 full blocks, seen before")
+@scenario(3, "a prompt of exactly 32 full blocks, seen before",
+          rule="the last token is never served from cache: its logits are needed to sample")
 def exact_seen(cls):
     return seen_then_looked_up(cls, prompt()[:32 * BLOCK], first=prompt()[:32 * BLOCK])
 
 
-@scenario(3, "a hash that collides (hash_fn keeps 2 bits)")
+@scenario(3, "a hash that collides (hash_fn keeps 2 bits)",
+          rule="a hit is a cached block that holds this sequence's tokens after the same parents "
+               "(_holds), not any block under the same hash")
 def collision(cls):
     weak = lambda data, seed: xxhash.xxh3_64_intdigest(data, seed) % 4  # noqa: E731
     return seen_then_looked_up(cls, list(range(100, 400)), hash_fn=weak)
 
 
-@scenario(3, "the next block in flight (another request is computing it)")
+@scenario(3, "the next block in flight (another request is computing it)",
+          rule="if another running request is computing the block after the cached prefix, the "
+               "lookup says so (next_in_flight): the new request waits a step, then hits")
 def in_flight(cls):
     cache = new_cache(cls)
     scheduler = scheduler_for(cache, budget=100)  # the first request computes 100 tokens a step

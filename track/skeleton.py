@@ -34,7 +34,8 @@ What you can use (all given):
 * ``self.block_manager.blocks[block_id]``: a ``Block``; ``block.block_hash`` (None until it
   is cached), ``block.lifetime``, ``block.set_identity(hash, token_bytes, parent_lifetime,
   salt)``;
-* ``PrefixMatch(blocks, num_cached_tokens, chain, next_in_flight)``.
+* ``PrefixMatch(blocks, num_cached_tokens, chain, next_in_flight, queried)``: ``queried`` is
+  the number of tokens looked up (all of ``seq``'s: the hit rate's denominator).
 
 The engine's own ``prefix_cache.py`` is the reference solution: reading it first spoils the
 track, so try each step before you look.
@@ -77,7 +78,7 @@ class MyPrefixCache(PrefixCache):
         with ``self._holds``: two different blocks can share a hash). The last token is never
         served from cache (its logits are needed). If the next block after the prefix is being
         computed by another sequence (``self._is_in_flight``), say so in ``next_in_flight``.
-        ``chain`` is the hash of every full block of ``seq``.
+        ``chain`` is the hash of every full block of ``seq``; ``queried``, its number of tokens.
         """
         raise NotImplementedError("step 3: write _lookup_prefix_cache")
 
@@ -86,24 +87,26 @@ class MyPrefixCache(PrefixCache):
     def _do_prefill_step(self, seq: Sequence, start: int, end: int) -> list[tuple[int, Block]]:
         """Tokens [start, end) of ``seq`` now have K/V in the pool: save every block they
         completed (every block boundary inside the chunk, not only its end; a decode token is
-        a chunk of one) with ``_save_prefix_cache``. Return (index, twin) for each block that
-        an identical, already cached twin replaces (the scheduler switches ``seq`` to it, and
-        the next block's parent is then the twin)."""
+        a chunk of one) with ``_save_prefix_cache``. A block's parent is the block before it in
+        ``seq``'s block table, at a chunk's start too (None only for block 0). Return (index,
+        twin) for each block that an identical, already cached twin replaces (the scheduler
+        switches ``seq`` to it, and the next block's parent is then the twin)."""
         raise NotImplementedError("step 4: write _do_prefill_step")
 
     def _save_prefix_cache(self, seq: Sequence, index: int, block: Block,
                            parent: Block | None) -> Block | None:
         """Register ``block``, ``seq``'s block ``index``, under its chain hash
         (``_hash_for_save``), after ``parent`` (None for block 0). Skip a block that is already
-        cached, or whose parent is not (no lookup could reach it). Once saved, the block's hash
-        is no longer in flight (``self._in_flight``). If the map already holds an identical
+        cached, or whose parent is not (no lookup could reach it). Otherwise its hash is no longer
+        in flight (``self._in_flight``), whatever the map holds. If the map already holds an identical
         block (``_holds``), return it: the twin. A different block under the same hash (a
         collision) keeps the entry; this one stays private."""
         raise NotImplementedError("step 4: write _save_prefix_cache")
 
     def _hash_for_save(self, seq: Sequence, index: int, parent: Block | None) -> int:
         """The hash block ``index`` is saved under. Incremental: the sequence already has it,
-        unless the block was completed during decode (then extend the chain, step 2).
+        unless no lookup hashed it (a block completed during decode, or a prompt that reads no
+        cache): then extend the chain (step 2).
         Recompute (the "before", step 5): hash the block again, chained from ``parent``'s hash
         (or the chain's seed for block 0)."""
         if self.hash_strategy == "recompute":
