@@ -124,6 +124,9 @@ def _layer_windows(hf, model_type: str) -> tuple[int | None, ...]:
 
 # ----------------------------------------------------------------------------- RoPE
 
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
 def rope_inv_freq(head_dim: int, params: dict, max_position: int) -> tuple[torch.Tensor, float]:
     """Inverse frequencies and the cos/sin scale for the checkpoint's RoPE type."""
     theta = float(params["rope_theta"])
@@ -135,7 +138,9 @@ def rope_inv_freq(head_dim: int, params: dict, max_position: int) -> tuple[torch
         return inv_freq / float(params["factor"]), 1.0
     if rope_type == "llama3":
         return _llama3_inv_freq(inv_freq, params, max_position), 1.0
-    raise ValueError(f"unsupported rope_type {rope_type!r}; supported: default, linear, llama3")
+    if rope_type == "yarn":
+        return _yarn_inv_freq(head_dim, params, max_position), _yarn_attention_factor(params, max_position)
+    raise ValueError(f"unsupported rope_type {rope_type!r}; supported: {', '.join(ROPE_TYPES)}")
 
 
 def _llama3_inv_freq(inv_freq: torch.Tensor, params: dict, max_position: int) -> torch.Tensor:
@@ -148,6 +153,55 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, params: dict, max_position: int) ->
     smoothed = (1 - smooth) * scaled / factor + smooth * scaled
     is_medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
     return torch.where(is_medium, smoothed, scaled)
+
+
+def _yarn_factor(params: dict, max_position: int) -> float:
+    """YaRN's context factor; without one, the ratio of the context to the pretraining one."""
+    original = params.get("original_max_position_embeddings") or max_position
+    return float(params.get("factor") or max_position / original)
+
+
+def _yarn_attention_factor(params: dict, max_position: int) -> float:
+    """The cos/sin scale: ``attention_factor`` if given, else YaRN's mscale of the factor
+    (the ratio of two mscales where ``mscale`` and ``mscale_all_dim`` are both set)."""
+    if params.get("attention_factor") is not None:
+        return float(params["attention_factor"])
+    factor = _yarn_factor(params, max_position)
+
+    def mscale(weight: float = 1.0) -> float:
+        return 1.0 if factor <= 1 else 0.1 * weight * math.log(factor) + 1.0
+
+    if params.get("mscale") and params.get("mscale_all_dim"):
+        return float(mscale(params["mscale"]) / mscale(params["mscale_all_dim"]))
+    return mscale()
+
+
+def _yarn_inv_freq(head_dim: int, params: dict, max_position: int) -> torch.Tensor:
+    """YaRN: the low-frequency dimensions interpolated (divided by the factor), the
+    high-frequency ones kept, a linear ramp between, in the order HF computes it."""
+    base = float(params["rope_theta"])
+    factor = _yarn_factor(params, max_position)
+    original = params.get("original_max_position_embeddings") or max_position
+    low, high = _yarn_ramp_ends(params, head_dim, base, original)
+    pos_freqs = base ** (torch.arange(0, head_dim, 2).float() / head_dim)
+    if low == high:
+        high += 0.001  # no zero-width ramp
+    ramp = torch.clamp((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    keep = 1 - ramp
+    return (1.0 / (factor * pos_freqs)) * (1 - keep) + (1.0 / pos_freqs) * keep
+
+
+def _yarn_ramp_ends(params: dict, dim: int, base: float, original: int) -> tuple[float, float]:
+    """The dimensions where ``beta_fast`` and ``beta_slow`` rotations fit the pretraining
+    context (rounded outwards unless ``truncate`` is false)."""
+    def dimension(rotations: float) -> float:
+        return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low = dimension(params.get("beta_fast") or 32)
+    high = dimension(params.get("beta_slow") or 1)
+    if params.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    return max(low, 0), min(high, dim - 1)
 
 
 class RotaryEmbedding(nn.Module):
