@@ -286,6 +286,17 @@ def test_the_command_passes_the_reference_and_fails_the_skeleton(capsys):
     assert "NotImplementedError: step 3" in bad and "the rule:" not in bad  # nothing written, no rule broken
 
 
+def test_the_diff_is_the_chapters_change_cut_from_the_engines_code(capsys):
+    from track.__main__ import main
+    assert main(["diff"]) == 0
+    diff = capsys.readouterr().out
+    assert diff.startswith('--- the "before": hash_strategy="recompute"'), diff
+    for line in ("-    return self._rebuild_chain(seq)", "+    self._precompute_block_hashes(seq)",
+                 "+    return seq._block_hashes", "-def _rehash_block(", "+def _precompute_block_hashes("):
+        assert line in diff, line
+    assert 'if self.hash_strategy == "recompute"' not in diff  # each column alone
+
+
 def test_pytest_runs_one_test_per_scenario_with_the_teaching_message():
     """``python -m pytest track`` on the skeleton: each scenario a test named by step and scenario,
     failing with the message ``python -m track check`` prints (the reference passes: above)."""

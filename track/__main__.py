@@ -1,4 +1,4 @@
-"""``python -m track [start | reset | check N [--only] [--impl ...]]``: see track/README.md."""
+"""``python -m track [start | reset | check N [--only] [--impl ...] | diff]``: see track/README.md."""
 from __future__ import annotations
 
 import argparse
@@ -11,7 +11,10 @@ USAGE = """\
 python -m track start            copy the skeleton to track/my_prefix_cache.py (yours to write)
 python -m track check N          check step N: your methods of steps 1..N, the engine's after
 python -m track check N --only   check step N alone: the engine's code for every other step
-python -m track reset            start over (your file is kept as track/my_prefix_cache.py.bak)"""
+python -m track reset            start over (your file is kept as track/my_prefix_cache.py.bak)
+python -m pytest track           every step at once, one test per scenario (-k step3: step 3)
+python -m track diff             the chapter's change as a diff against the "before" (an answer:
+                                 run it after the track)"""
 
 
 def print_steps() -> None:
@@ -50,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="command")
     sub.add_parser("start", help="copy the skeleton to track/my_prefix_cache.py")
     sub.add_parser("reset", help="copy the skeleton again (your file kept as .bak)")
+    sub.add_parser("diff", help="the chapter's change: the \"before\" against the chapter, as a diff")
     c = sub.add_parser("check", help="check one step")
     c.add_argument("number", type=int, help="the step, 1 to %d" % len(STEPS))
     c.add_argument("--only", action="store_true", help="your methods of this step alone")
@@ -59,6 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command in ("start", "reset"):
             print(start(force=args.command == "reset"))
+            return 0
+        if args.command == "diff":
+            from track.diff import chapter_diff
+            print(chapter_diff())
             return 0
         if args.command == "check":
             import torch
