@@ -8,9 +8,12 @@ plan attends: here, gather each sequence's blocks back and one SDPA call over th
 ``paged_attention`` is the whole of it, and the spec.
 
 A faster backend (fast/, chosen by the engine's builder, never by this file) plans its own
-attention and may run the layers from packed weights; it is tested equal to this path.
+attention and may compute the parts this file declares replaceable (the backend seam: linears,
+norms, MLPs, each head's norm + RoPE) its own way, on this model's own parameters; it is tested
+equal to this path.
 
-Reading order: config -> RoPE -> norm -> paged attention -> MLP -> layer -> model -> loading.
+Reading order: config -> RoPE -> the backend seam -> norm -> paged attention -> MLP -> layer ->
+model -> loading.
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Callable, Iterable, Iterator, Mapping, Protocol
 
 import numpy as np
 import torch
@@ -230,15 +233,58 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return out
 
 
+# ----------------------------------------------------------------------------- the backend seam
+#
+# What a backend (core/backend.py) may compute its own way, and nothing else: the parts that
+# derive from ``Replaceable`` -- every linear layer (``Linear``), every norm (``RMSNorm``), each
+# MLP (``MLP``) and each attention's head norm + RoPE (``HeadRotation``) -- besides the attention
+# itself, which the backend plans (``AttentionBackend`` below). ``CausalLM.install`` gives parts
+# a replacement; a part's forward then returns ``replacement(part, *inputs)`` instead of its own
+# ``compute(*inputs)``. The part stays the user's module: a replacement reads its parameters on
+# every call (whatever it derives from them, it keeps in step with their version counters), its
+# forward hooks fire, and a subclass that overrides ``compute`` or ``forward`` is never replaced.
+
+DECLARED: dict[str, type] = {}  # kind -> the class of this file that declares it
+
+
+class Replaceable(nn.Module):
+    kind = ""           # "linear", "norm", "mlp" or "rotation": what a replacement computes
+    replacement = None  # a backend's callable (part, *inputs) -> output; None: ``compute``
+
+    def __init_subclass__(cls, kind: str | None = None, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if kind is not None:
+            cls.kind, DECLARED[kind] = kind, cls
+
+    def forward(self, *inputs):
+        replacement = self.replacement
+        return self.compute(*inputs) if replacement is None else replacement(self, *inputs)
+
+    def compute(self, *inputs):
+        raise NotImplementedError
+
+    def computes_as_declared(self) -> bool:
+        """False for a subclass with its own math: a backend leaves it alone."""
+        declared = DECLARED[self.kind]
+        return type(self).compute is declared.compute and type(self).forward is Replaceable.forward
+
+
+class Linear(Replaceable, nn.Linear, kind="linear"):
+    """nn.Linear (same parameters and names) as a replaceable part."""
+
+    def compute(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
 # ----------------------------------------------------------------------------- norm
 
-class RMSNorm(nn.Module):
+class RMSNorm(Replaceable, kind="norm"):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def compute(self, x: torch.Tensor) -> torch.Tensor:
         # As HF's LlamaRMSNorm: normalise in float32, cast to the input dtype, then multiply by
         # the weight in that dtype -- bit-identical to HF in bfloat16 / float16 (F.rms_norm with
         # the weight multiplies before it casts, which differs by one rounding on ~1/4 of them).
@@ -378,6 +424,14 @@ def paged_attention(q: torch.Tensor, pool_k: torch.Tensor, pool_v: torch.Tensor,
     return out.transpose(1, 2)[meta.is_query]  # chunks are packed in order: no scatter
 
 
+class HeadRotation(Replaceable, kind="rotation"):
+    """Each head's norm (Qwen3's q_norm / k_norm; None: none) and RoPE, as a replaceable part."""
+
+    def compute(self, x: torch.Tensor, norm: RMSNorm | None, rope) -> torch.Tensor:
+        """x: [tokens, heads, head_dim]."""
+        return apply_rope(x if norm is None else norm(x), *rope)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
@@ -385,19 +439,17 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.split = (q_size, kv_size, kv_size)
-        self.qkv_proj = nn.Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=cfg.o_bias)
+        self.qkv_proj = Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.qkv_bias)
+        self.o_proj = Linear(q_size, cfg.hidden_size, bias=cfg.o_bias)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.rotation = HeadRotation()  # no parameters: the checkpoint's names are unchanged
 
     def forward(self, x, plan: AttentionPlan, pool_k, pool_v, rope):
         q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        q = self.rotation(q.view(-1, self.num_heads, self.head_dim), self.q_norm, rope)
+        k = self.rotation(k.view(-1, self.num_kv_heads, self.head_dim), self.k_norm, rope)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         write_kv(pool_k, pool_v, plan.slot_mapping, k, v)
         out = plan.attend(q, k, v, pool_k, pool_v, self.window)
         return self.o_proj(out.flatten(1))
@@ -409,7 +461,7 @@ ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu,
                "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
 
 
-class MLP(nn.Module):
+class MLP(Replaceable, kind="mlp"):
     """down(act(gate(x)) * up(x)), with gate and up as one [2 x intermediate, hidden] weight."""
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -418,10 +470,10 @@ class MLP(nn.Module):
             raise ValueError(f"unsupported hidden_act {cfg.hidden_act!r}; "
                              f"supported: {', '.join(ACTIVATIONS)}")
         self.hidden_act = cfg.hidden_act
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def compute(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         # act() returns a fresh tensor: multiply in place, no second activation-sized buffer.
         return self.down_proj(ACTIVATIONS[self.hidden_act](gate).mul_(up))
@@ -450,7 +502,7 @@ class CausalLM(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
@@ -461,6 +513,36 @@ class CausalLM(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         return self.embed_tokens.weight.dtype
+
+    def replaceable_parts(self) -> Iterator[tuple[str, Replaceable]]:
+        """(name, part) of every part a backend may replace (the seam above)."""
+        return ((name, m) for name, m in self.named_modules()
+                if isinstance(m, Replaceable) and m.computes_as_declared())
+
+    def install(self, replacements: Mapping[str, Callable]) -> None:
+        """Each replaceable part computes by ``replacements[its name]``, or by itself where
+        none is named (``{}``: model.py's own math everywhere)."""
+        for name, part in self.replaceable_parts():
+            part.replacement = replacements.get(name)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """vLLM's model method: checkpoint-named tensors (HF / vLLM names, q/k/v and gate/up
+        into their fused parameters) copied in place; returns the parameters filled. All are
+        checked first (a name no parameter takes, a wrong shape, NaN / inf), so a refused
+        batch changes nothing. In place under ``no_grad``: version counters move, so the
+        engine sees the change before its next step."""
+        params = dict(self.named_parameters(remove_duplicate=False))
+        targets = [_weight_target(self, params, name, tensor, "load_weights")
+                   for name, tensor in weights if not self._skips_weight(name)]
+        with torch.no_grad():
+            for target, tensor, _ in targets:
+                target.copy_(tensor.to(device=target.device, dtype=target.dtype))
+        return {param_name for _, _, (param_name, _) in targets}
+
+    def _skips_weight(self, name: str) -> bool:
+        """Rotary tables (recomputed) and, as vLLM, a tied model's lm_head (the embedding's)."""
+        tied_head = self.config.tie_word_embeddings and name.removeprefix("model.") == "lm_head.weight"
+        return name.endswith(_IGNORED_SUFFIXES) or tied_head
 
     @torch.inference_mode()
     def forward(self, input_ids, plan: AttentionPlan, kv, logits_index) -> torch.Tensor:
@@ -602,6 +684,19 @@ def _expected_parts(params: dict):
 def _copy_weight(model, params, hf_name: str, tensor: torch.Tensor, dtype, file: Path):
     """Copy one checkpoint tensor into its (possibly fused) parameter; returns what it filled
     (None: no parameter of this model takes it)."""
+    found = _weight_target(model, params, hf_name, tensor, f"checkpoint file {file}", missing_ok=True)
+    if found is None:
+        return None
+    target, _, part = found
+    with torch.no_grad():  # in place on the parameter itself: its version counter moves
+        target.copy_(tensor.to(dtype))
+    return part
+
+
+def _weight_target(model, params, hf_name: str, tensor: torch.Tensor, source: str,
+                   missing_ok: bool = False):
+    """(the parameter or its fused slice, the tensor, (parameter name, slice index)) for one
+    checkpoint tensor, checked; None (``missing_ok``) or ValueError when no parameter takes it."""
     name = hf_name.removeprefix("model.")
     parts = name.split(".")
     index = None
@@ -610,8 +705,11 @@ def _copy_weight(model, params, hf_name: str, tensor: torch.Tensor, dtype, file:
         name = ".".join(parts[:-2] + [fused, parts[-1]])
     param = params.get(name)
     if param is None:
-        return None
-    target = param.data
+        if missing_ok:
+            return None
+        raise ValueError(f"{source}: no parameter of this {model.config.architecture} takes "
+                         f"weight {hf_name!r}")
+    target = param
     if index is not None:
         start, size = _fused_slice(model, name.split(".")[-2], index)
         target = target[start:start + size]
@@ -619,10 +717,9 @@ def _copy_weight(model, params, hf_name: str, tensor: torch.Tensor, dtype, file:
         raise ValueError(f"weight {hf_name} has shape {tuple(tensor.shape)}, "
                          f"expected {tuple(target.shape)}")
     if tensor.is_floating_point() and not torch.isfinite(tensor).all():
-        raise ValueError(f"weight {hf_name} in checkpoint file {file} has NaN or infinite values; "
+        raise ValueError(f"weight {hf_name} in {source} has NaN or infinite values; "
                          f"every output would be NaN, so the model is not run")
-    target.copy_(tensor.to(dtype))
-    return name, index
+    return target, tensor, (name, index)
 
 
 def _fused_slice(model: CausalLM, fused: str, index: int) -> tuple[int, int]:

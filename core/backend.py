@@ -1,18 +1,32 @@
 """The one seam between the core and the fast layer: how a step's math runs.
 
-``Backend`` is the plain path -- model.py's ``PagedAttention``, its ``nn.Linear`` layers, a
-KV pool of plain zeros -- and the spec every other backend is tested equal to. A faster one
-(fast/backend.py) subclasses it and is handed to the engine core explicitly; nothing here
-or in model.py chooses a path by itself.
+``Backend`` is the plain path -- model.py's ``PagedAttention``, its own linears, norms and RoPE,
+a KV pool of plain zeros -- and the spec every other backend is tested equal to. A faster one
+(fast/backend.py) subclasses it and is handed to the engine core explicitly; nothing here or in
+model.py chooses a path by itself.
+
+What a backend may change is exactly what model.py declares (its "backend seam"): the attention
+plan, and a replacement per replaceable part (``replacements``: part name -> callable), which
+``forward`` installs on the user's model itself -- no copy of the model exists, so an edit of
+its weights, a ``load_weights`` and its forward hooks reach every path. Several engines may
+share one model: each forward installs its backend's replacements under the model's lock.
 
 Per step the model runner calls ``before_step()``, ``plan(chunks)`` once (the attention
 backend: model.py's ``AttentionBackend`` protocol) and ``forward(...)`` once.
 """
 from __future__ import annotations
 
+import threading
+import weakref
+from typing import Callable
+
 import torch
 
 from model import AttentionPlan, CausalLM, PagedAttention, SeqChunk
+
+# model -> (its lock, [the token of the backend whose replacements are installed])
+_INSTALLED: "weakref.WeakKeyDictionary[CausalLM, list]" = weakref.WeakKeyDictionary()
+_INSTALLED_LOCK = threading.Lock()
 
 
 class Backend:
@@ -21,13 +35,20 @@ class Backend:
     def __init__(self, model: CausalLM) -> None:
         self.model = model
         self.attention = PagedAttention(model.device)
+        self.replacements: dict[str, Callable] = {}  # model.py's own math everywhere
+        self._lock, self._installed = _slot(model)
+        self._token = object()  # names this backend in the slot without keeping it alive
 
     def plan(self, chunks: list[SeqChunk], block_size: int) -> AttentionPlan:
         return self.attention.plan(chunks, block_size)
 
     def forward(self, input_ids: torch.Tensor, plan: AttentionPlan, kv,
                 logits_index: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids, plan, kv, logits_index)
+        with self._lock:
+            if self._installed[0] is not self._token:
+                self.model.install(self.replacements)
+                self._installed[0] = self._token
+            return self.model(input_ids, plan, kv, logits_index)
 
     def kv_zeros(self, shape: tuple[int, ...], *, dtype: torch.dtype,
                  device: torch.device) -> torch.Tensor:
@@ -39,3 +60,12 @@ class Backend:
 
     def describe(self) -> str:
         return self.name
+
+
+def _slot(model: CausalLM) -> tuple[threading.RLock, list]:
+    """The model's lock and the one-element list naming the backend installed on it."""
+    with _INSTALLED_LOCK:
+        slot = _INSTALLED.get(model)
+        if slot is None:
+            slot = _INSTALLED[model] = (threading.RLock(), [None])
+        return slot

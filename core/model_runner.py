@@ -1,7 +1,9 @@
 """One forward for a step: pack the scheduled chunks, run the model once, sample.
 
 The backend (core/backend.py: the plain path, or the fast layer's) plans the step's attention
-once and runs the forward. Logits are computed only where they are needed: each sampled
+once and runs the forward, on the user's model itself. The runner also notes the weights each
+forward computes with (core/weights.py), so the engine can tell, before it schedules, that
+they changed since the K/V in its cache was computed (``weights_changed``). Logits are computed only where they are needed: each sampled
 sequence's last position, and the prompt positions of requests that asked for prompt logprobs.
 """
 from __future__ import annotations
@@ -15,6 +17,7 @@ from block_manager import KVCachePool
 from core.backend import Backend
 from core.requests import RequestState, SequenceState
 from core.sampler import Sampler, SamplerOutput, TokenLogprobs, prompt_logprobs
+from core.weights import WeightVersions
 from model import SeqChunk
 from scheduler import ScheduledChunk, Sequence
 
@@ -73,6 +76,12 @@ class ModelRunner:
     def __init__(self, backend: Backend, kv_cache: KVCachePool, sampler: Sampler) -> None:
         self.backend, self.kv_cache, self.sampler = backend, kv_cache, sampler
         self.model, self.device = backend.model, backend.model.device
+        self.weights = WeightVersions(self.model)
+
+    def weights_changed(self) -> bool:
+        """Whether a parameter changed (in place, reassigned, loaded) since the last forward:
+        K/V computed before is then not this model's any more."""
+        return self.weights.changed()
 
     @property
     def block_size(self) -> int:
@@ -93,6 +102,8 @@ class ModelRunner:
         input_ids = np.concatenate([c.seq.tokens[s.start:s.start + s.length]
                                     for c, s in zip(chunks, seq_chunks)])
         self.backend.before_step()
+        if self.weights.changed():
+            self.weights.note()
         plan = self.backend.plan(seq_chunks, self.block_size)
         return self.backend.forward(torch.from_numpy(input_ids).to(self.device), plan, self.kv_cache,
                                     torch.tensor(logits_index, dtype=torch.long, device=self.device))

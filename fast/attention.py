@@ -11,8 +11,8 @@ runs on CPU and CUDA; on CPU two kinds use the flash kernel's log-sum-exp to mer
 over a shared prefix with the rest of each context. In bfloat16 on a CPU that computes it
 natively, where that kernel is slow, the prompt kinds and the shared part attend by tiled
 matmuls and a fused softmax instead (``matmul_attention``). Which route each kind takes is a
-``Routes`` value the backend is built with (probed from the machine unless given), never a
-module global.
+``Routes`` value the backend is built with (fast/paths.py chooses it once per engine), never
+a module global.
 
 Reading order: routes -> the pool as the kinds read it -> attention kinds -> the planner.
 """
@@ -38,7 +38,8 @@ CPU_FLASH_LSE = hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for
 
 @dataclass(frozen=True)
 class Routes:
-    """Which way each kind computes, for one device and dtype (``probe``); tests pass their own.
+    """Which way each kind computes, for one device and dtype (``probe``, called by
+    fast/paths.py's ``choose_paths`` only); tests pass their own.
 
     * ``exact_decode_slots``: decode reads exactly its keys by a sampled matmul of the pool
       (DecodeSlots) -- on CPU in float32, where a decode step runs 1.1-1.4x faster than with
@@ -601,10 +602,10 @@ class FastAttention:
     heads per KV head, dtype, device and ``routes``; the plans share one set of scratch buffers."""
 
     def __init__(self, windows: set, queries_per_kv: int, dtype: torch.dtype,
-                 device: torch.device, routes: Routes | None = None) -> None:
+                 device: torch.device, routes: Routes) -> None:
         self.windows, self.queries_per_kv = windows, queries_per_kv
         self.dtype, self.device = dtype, device
-        self.routes = routes or Routes.probe(device, dtype)
+        self.routes = routes
         self.scratch = Scratch()
 
     def plan(self, chunks: list[SeqChunk], block_size: int) -> FastPlan:

@@ -1,78 +1,64 @@
 """The fast layer's backend: the core's ``Backend`` seam with faster machinery behind it.
 
-* attention: the kinds of fast/attention.py, planned once per step (``FastAttention``);
-* linears: a packed copy of the model's tree (fast/linear.py) where oneDNN computes the
-  dtype natively on this CPU; the model itself stays model.py's;
-* the KV pool on huge pages (fast/cpu_memory.py);
-* before each step, the CPU tuning's thread check (fast/tuning.py), when an entry point gave one;
-* with ``kernels``, the compiled C++ kernels (fast/kernels.py) on CPU: decode attention,
-  prompt-chunk attention (float32, float16), a layer's norms and RoPE (fast/glue.py), and in
-  bfloat16 the linears of a decode step of a few sequences; without a compiler, the
-  PyTorch kinds and oneDNN, and ``describe()`` says why.
+What runs is a ``FastPaths`` (fast/paths.py, chosen once from the engine's settings):
 
-Every part is tested equal to the plain path (tests/test_plain_path.py, test_attention_kinds.py).
+* attention: the kinds of fast/attention.py, planned once per step (``FastAttention``), with
+  the compiled kernels' routes where the paths hold them;
+* linears: where packed, a replacement per linear part and SiLU MLP of the user's model
+  (fast/linear.py); norms and each head's norm + RoPE by the compiled glue (fast/glue.py) --
+  all through model.py's backend seam, on the model's own parameters: no copy of the model;
+* the KV pool on huge pages (fast/cpu_memory.py);
+* before each step, the CPU tuning's thread check (fast/tuning.py), when an entry point gave one.
+
+``describe()`` prints the paths, and why any kernel is off. Every part is tested equal to the
+plain path (tests/test_plain_path.py, test_attention_kinds.py, test_one_model.py).
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
-import torch
-
 from core.backend import Backend
-from fast.attention import FastAttention, FastPlan, Routes
+from fast.attention import FastAttention, FastPlan
 from fast.cpu_memory import zeros_on_huge_pages
-from fast.glue import glue_copy
-from fast.kernels import compiled_kernels
-from fast.linear import onednn_linears_usable, packed_copy
+from fast.glue import glue_replacements
+from fast.linear import packed_replacements
+from fast.paths import FastPaths, choose_paths
 from fast.tuning import CpuTuning
 from model import CausalLM, SeqChunk
-
-
-KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 class FastBackend(Backend):
     name = "fast"
 
-    def __init__(self, model: CausalLM, tuning: CpuTuning | None = None,
-                 routes: Routes | None = None, pack_linears: bool | None = None,
-                 kernels: bool = False) -> None:
+    def __init__(self, model: CausalLM, paths: FastPaths | None = None,
+                 tuning: CpuTuning | None = None) -> None:
+        """``paths`` None: ``choose_paths`` for the model with the kernels (vLLM's default)."""
         super().__init__(model)
         cfg = model.config
-        routes = routes or Routes.probe(model.device, model.dtype)
-        # The kernel's softmax is float32: a float64 model keeps the PyTorch kinds.
-        usable = model.device.type == "cpu" and model.dtype in KERNEL_DTYPES
-        self.kernels = compiled_kernels() if kernels and usable else None
-        module = self.kernels.module if self.kernels is not None else None
-        if module is not None:
-            routes = replace(routes, decode_kernel=module.decode_attention)
-        # Prompt chunks too, where the tiled bfloat16 matmuls are not faster (float32, float16).
-        if module is not None and not routes.matmul_attention and module.prefill_attention_available():
-            routes = replace(routes, prefill_kernel=module.prefill_attention)
-        if module is not None and module.prefill_attention_available():
-            routes = replace(routes, shared_decode_kernel=module.shared_decode_attention)
-        # Decode steps of a few sequences in bfloat16 stream the weights by the compiled linear.
-        small = (module.small_linear if module is not None and model.dtype == torch.bfloat16
-                 and module.small_linear_available() else None)
+        if paths is None:
+            paths = choose_paths(cfg, model.dtype, model.device, enforce_eager=False)
+        self.paths, self.tuning = paths, tuning
         self.attention = FastAttention(set(cfg.layer_windows), cfg.num_heads // cfg.num_kv_heads,
-                                       model.dtype, model.device, routes)
-        if pack_linears is None:
-            pack_linears = onednn_linears_usable(model.device, model.dtype)
-        self.pack_linears = pack_linears
-        self.runs = packed_copy(model, small) if pack_linears else model
-        if module is not None:  # norms and RoPE: one kernel call each instead of several ops
-            self.runs = glue_copy(self.runs, module)
-        self.tuning = tuning
+                                       model.dtype, model.device, paths.routes)
+        self.replacements = self._replacements()
+
+    def _replacements(self) -> dict:
+        out = packed_replacements(self.model, self.paths.small_linear) if self.paths.pack_linears else {}
+        if self.paths.glue is not None:
+            out.update(glue_replacements(self.model, self.paths.glue))
+        return out
+
+    @property
+    def pack_linears(self) -> bool:
+        return self.paths.pack_linears
+
+    @property
+    def kernels(self):
+        """The kernel build (fast/kernels.py), None under enforce_eager or off CPU."""
+        return self.paths.build
 
     def plan(self, chunks: list[SeqChunk], block_size: int) -> FastPlan:
         return self.attention.plan(chunks, block_size)
 
-    def forward(self, input_ids: torch.Tensor, plan: FastPlan, kv,
-                logits_index: torch.Tensor) -> torch.Tensor:
-        return self.runs(input_ids, plan, kv, logits_index)
-
-    def kv_zeros(self, shape: tuple[int, ...], *, dtype: torch.dtype,
-                 device: torch.device) -> torch.Tensor:
+    def kv_zeros(self, shape: tuple[int, ...], *, dtype, device):
         return zeros_on_huge_pages(shape, dtype, device)
 
     def before_step(self) -> None:
@@ -80,9 +66,15 @@ class FastBackend(Backend):
             self.tuning.maybe_update()
 
     def describe(self) -> str:
-        parts = ["fast attention", "packed linears" if self.pack_linears else "plain linears"]
-        if self.kernels is not None:
-            parts.append(self.kernels.describe())
-        if self.tuning is not None:
-            parts.append(self.tuning.describe())
+        parts = [self.paths.describe()] + ([self.tuning.describe()] if self.tuning is not None else [])
         return f"{self.name} ({', '.join(parts)})"
+
+
+def build_backend(model: CausalLM, *, fast_paths: bool, enforce_eager: bool,
+                  tuning: CpuTuning | None = None) -> Backend:
+    """The backend an engine runs, from its settings: the core's plain ``Backend`` for
+    ``fast_paths=False``, else a ``FastBackend`` on the paths ``choose_paths`` picks."""
+    if not fast_paths:
+        return Backend(model)
+    paths = choose_paths(model.config, model.dtype, model.device, enforce_eager=enforce_eager)
+    return FastBackend(model, paths, tuning)

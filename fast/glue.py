@@ -1,71 +1,57 @@
-"""A layer's glue by the compiled kernels: the fast layer's RMSNorm and RoPE.
+"""A layer's glue by the compiled kernels: the fast layer's RMSNorm and heads' norm + RoPE.
 
 Between its linears a layer normalises its hidden rows twice and, in attention, normalises
 (Qwen3) and rotates each query and key head: model.py does each with several small PyTorch
-ops, which at a decode step of one sequence cost more than the arithmetic. ``glue_copy(model,
-kernels)`` builds a copy of the module tree in which every ``RMSNorm`` is a ``KernelRMSNorm``
-and every ``Attention`` a ``KernelAttention`` (its head norms and RoPE in one call per
-projection); the model itself is left as model.py built it. Same rounding as model.py's.
+ops, which at a decode step of one sequence cost more than the arithmetic. Through model.py's
+backend seam, ``KernelRMSNorm`` computes a norm part and ``KernelRotation`` a rotation part (the
+head norm and RoPE in one call per projection), each from the user's module's own weight and
+eps on every call. A rotation whose head norm carries forward hooks (or computes something of
+its own) is left to model.py, so the hooks fire. Same rounding as model.py's.
 """
 from __future__ import annotations
-
-import copy
 
 import torch
 from torch import nn
 
-from model import Attention, RMSNorm, write_kv
+from fast.linear import has_hooks
+from model import HeadRotation, RMSNorm
 
 
-class KernelRMSNorm(nn.Module):
+class KernelRMSNorm:
     """model.RMSNorm by the compiled kernel (rows of the last dimension)."""
 
-    def __init__(self, norm: RMSNorm, kernels) -> None:
-        super().__init__()
-        self.weight, self.eps, self.kernels = norm.weight, norm.eps, kernels
+    def __init__(self, kernels) -> None:
+        self.kernels = kernels
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.kernels.rms_norm(x, self.weight, self.eps)
+    def __call__(self, part: RMSNorm, x: torch.Tensor) -> torch.Tensor:
+        if not kernel_weight(part.weight, x):
+            return part.compute(x)
+        return self.kernels.rms_norm(x, part.weight, part.eps)
 
 
-class KernelAttention(nn.Module):
-    """model.Attention with each head's norm and RoPE in one kernel call for q and one for k."""
+class KernelRotation:
+    """model.HeadRotation: each head normed by ``norm`` (its weight and eps; None: no norm) and
+    rotated, in one kernel call."""
 
-    def __init__(self, attention: Attention, kernels) -> None:
-        super().__init__()
-        self.attention, self.kernels = attention, kernels
+    def __init__(self, kernels) -> None:
+        self.kernels = kernels
 
-    def heads(self, x: torch.Tensor, count: int, norm: nn.Module | None, rope) -> torch.Tensor:
-        """``count`` heads of x, normed by ``norm`` (its weight and eps; None: no norm), rotated."""
+    def __call__(self, part: HeadRotation, x: torch.Tensor, norm: RMSNorm | None, rope) -> torch.Tensor:
+        if norm is not None and (has_hooks(norm) or not norm.computes_as_declared()
+                                 or not kernel_weight(norm.weight, x)):
+            return part.compute(x, norm, rope)
         cos, sin = rope[0][:, 0], rope[1][:, 0]  # [T, D] (both halves), [T, D/2]
-        x = x.view(-1, count, self.attention.head_dim)
         weight, eps = (None, 0.0) if norm is None else (norm.weight, norm.eps)
         return self.kernels.norm_rope(x, weight, eps, cos, sin)
 
-    def forward(self, x, plan, pool_k, pool_v, rope):
-        a = self.attention
-        q, k, v = a.qkv_proj(x).split(a.split, dim=-1)
-        q = self.heads(q, a.num_heads, a.q_norm, rope)
-        k = self.heads(k, a.num_kv_heads, a.k_norm, rope)
-        v = v.view(-1, a.num_kv_heads, a.head_dim)
-        write_kv(pool_k, pool_v, plan.slot_mapping, k, v)
-        out = plan.attend(q, k, v, pool_k, pool_v, a.window)
-        return a.o_proj(out.flatten(1))
+
+def kernel_weight(weight: torch.Tensor, x: torch.Tensor) -> bool:
+    """The kernels take a contiguous weight of x's dtype (a user's edit may give another)."""
+    return weight.dtype == x.dtype and weight.is_contiguous()
 
 
-def glue_copy(module: nn.Module, kernels) -> nn.Module:
-    """A copy of ``module``'s tree sharing its parameters, with the kernels' norms and attention
-    glue (``kernels``: fast/kernels.py's module); ``module`` is unchanged."""
-    # Exactly model.py's classes: a subclass may compute something else.
-    if type(module) is RMSNorm:
-        return KernelRMSNorm(module, kernels)
-    if type(module) is Attention:
-        return KernelAttention(glue_copy_children(module, kernels), kernels)
-    return glue_copy_children(module, kernels)
-
-
-def glue_copy_children(module: nn.Module, kernels) -> nn.Module:
-    twin = copy.copy(module)  # shares the parameter and buffer dicts; children are replaced
-    twin._modules = {name: glue_copy(child, kernels) if child is not None else None
-                     for name, child in module._modules.items()}
-    return twin
+def glue_replacements(model: nn.Module, kernels) -> dict:
+    """A replacement per norm and rotation part of ``model`` (part name -> callable)."""
+    norm, rotation = KernelRMSNorm(kernels), KernelRotation(kernels)
+    return {name: norm if part.kind == "norm" else rotation
+            for name, part in model.replaceable_parts() if part.kind in ("norm", "rotation")}

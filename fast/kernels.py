@@ -45,9 +45,11 @@ class KernelBuild:
 
 
 def _name() -> str:
-    """A name per source and flags, so an edited kernel never loads a stale build."""
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES) + " ".join(FLAGS).encode()).hexdigest()[:12]
-    return f"step14_kernels_{digest}"
+    """A name per source, flags and checkout: an edited kernel never loads a stale build, and two
+    checkouts on one machine (whose build files name their own absolute source paths) each keep
+    their own build instead of rebuilding each other's."""
+    key = b"".join(p.read_bytes() for p in SOURCES) + " ".join(FLAGS).encode() + str(CSRC).encode()
+    return f"step14_kernels_{hashlib.sha256(key).hexdigest()[:12]}"
 
 
 def _build_dir() -> Path:

@@ -1,15 +1,16 @@
 """The compiled layer glue (fast/csrc/layer_glue.cpp, fast/glue.py): RMSNorm and each head's
 norm + RoPE give model.py's values (rounded as it rounds them, in every dtype the kernels take),
-on strided inputs, and the glued copy of a model gives the plain model's logits."""
+on strided inputs; through model.py's seam they replace exactly model.py's own norms and
+rotations, on the model's own parameters."""
 from __future__ import annotations
 
 import pytest
 import torch
 from torch import nn
 
-from fast.glue import KernelAttention, KernelRMSNorm, glue_copy
+from fast.glue import KernelRMSNorm, KernelRotation, glue_replacements
 from fast.kernels import compiled_kernels
-from model import RMSNorm, RotaryEmbedding, apply_rope, load_model
+from model import HeadRotation, RMSNorm, RotaryEmbedding, apply_rope, load_model
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # float32: the sum of squares in another order; half precision: that, seen through one rounding.
@@ -88,21 +89,29 @@ def test_glue_refuses_what_it_does_not_compute(kernels):
         kernels.norm_rope(torch.randn(2, 1, 7), None, 0.0, torch.ones(2, 7), torch.ones(2, 3))
 
 
-def test_glue_copy_swaps_norms_and_attention_and_leaves_the_model(kernels, checkpoints):
-    plain = load_model(checkpoints["qwen3"], torch.float32, torch.device("cpu"))
-    glued = glue_copy(plain, kernels)
-    assert any(isinstance(m, KernelAttention) for m in glued.modules())
-    assert sum(isinstance(m, KernelRMSNorm) for m in glued.modules()) == \
-        sum(isinstance(m, RMSNorm) for m in plain.modules())
-    assert not any(isinstance(m, (KernelAttention, KernelRMSNorm)) for m in plain.modules())
-    assert {id(p) for p in glued.parameters()} == {id(p) for p in plain.parameters()}
+def test_glue_replaces_every_norm_and_rotation_of_the_model(kernels, checkpoints):
+    model = load_model(checkpoints["qwen3"], torch.float32, torch.device("cpu"))
+    replacements = glue_replacements(model, kernels)
+    parts = dict(model.named_modules())
+    assert {n for n, r in replacements.items() if isinstance(r, KernelRotation)} == \
+        {n for n, m in parts.items() if isinstance(m, HeadRotation)}
+    assert {n for n, r in replacements.items() if isinstance(r, KernelRMSNorm)} == \
+        {n for n, m in parts.items() if isinstance(m, RMSNorm)}
+    x = torch.randn(3, model.config.hidden_size)
+    want = model.norm(x)
+    model.install(replacements)
+    assert_rounded_alike(model.norm(x), want)
+    assert model.norm.replacement is replacements["norm"]
 
 
-def test_glue_copy_leaves_a_norm_that_computes_something_else(kernels):
+def test_glue_leaves_a_norm_that_computes_something_else(kernels, checkpoints):
     class OffsetNorm(RMSNorm):  # a (1 + weight) norm, as some architectures have
-        def forward(self, x):
-            return super().forward(x) + x
+        def compute(self, x):
+            return super().compute(x) + x
 
-    tree = nn.Sequential(OffsetNorm(8, 1e-6), RMSNorm(8, 1e-6))
-    glued = glue_copy(tree, kernels)
-    assert type(glued[0]) is OffsetNorm and isinstance(glued[1], KernelRMSNorm)
+    model = load_model(checkpoints["llama"], torch.float32, torch.device("cpu"))
+    model.norm = OffsetNorm(model.config.hidden_size, 1e-6)
+    replacements = glue_replacements(model, kernels)
+    assert "norm" not in replacements and "layers.0.input_layernorm" in replacements
+    model.install(replacements)
+    assert model.norm.replacement is None

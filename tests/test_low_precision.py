@@ -22,8 +22,7 @@ import torch
 
 import helpers
 from tools.teacher_forced import MODES, hf_logits, position_error, teacher_forced_logits
-from core.backend import Backend
-from fast.backend import FastBackend
+from fast.backend import build_backend
 from model import load_model
 
 MEAN_FACTOR, MAX_FACTOR = 1.25, 1.5
@@ -41,7 +40,7 @@ def wider_llama(tmp_path_factory) -> str:
 
 def backend(model_dir: str, dtype: torch.dtype, fast_paths: bool, kernels: bool = False):
     model = load_model(model_dir, dtype, CPU)
-    return FastBackend(model, kernels=kernels) if fast_paths else Backend(model)
+    return build_backend(model, fast_paths=fast_paths, enforce_eager=not kernels)
 
 
 def assert_within_hf(model_dir: str, ids: list[int], dtype: torch.dtype, fast_paths: bool,

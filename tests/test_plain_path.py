@@ -10,7 +10,7 @@ import torch
 from core.backend import Backend
 from fast import linear as fast_linear
 from fast.backend import FastBackend
-from fast.linear import PackedLinear, PackedSiluMLP, packed_copy
+from fast.linear import PackedLinear, PackedSiluMLP, packed_replacements
 from helpers import GreedyReference, assert_no_leak, greedy, make_llm, random_prompt
 from invariants import engine_core
 from model import CausalLM, load_model
@@ -68,31 +68,36 @@ def test_plain_and_fast_paths_give_the_same_tokens_as_hf(checkpoints, arch):
 
 
 def test_plain_engine_uses_no_fast_machinery(llama_dir):
-    """fast_paths=False runs the core's own Backend; either way the model is model.py's."""
+    """fast_paths=False runs the core's own Backend and replaces nothing; the fast engine runs
+    the user's very model (no copy), its linear parts and SiLU MLPs replaced through the seam."""
     plain, fast = (make_llm(llama_dir, fast_paths=f) for f in (False, True))
     assert type(engine_core(plain).model_runner.backend) is Backend
-    assert isinstance(engine_core(fast).model_runner.backend, FastBackend)
+    backend = engine_core(fast).model_runner.backend
+    assert isinstance(backend, FastBackend) and backend.model is fast.model
     for llm in (plain, fast):
+        llm.generate([[5, 6, 7]], greedy(2), use_tqdm=False)
         model = llm.model
         assert type(model) is CausalLM
         linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
         assert len(linears) == 1 + 4 * len(model.layers)  # lm_head; qkv, o, gate_up, down per layer
-        assert not any(isinstance(m, (PackedLinear, PackedSiluMLP)) for m in model.modules())
+    assert all(part.replacement is None for _, part in plain.model.replaceable_parts())
+    assert isinstance(fast.model.lm_head.replacement, PackedLinear)
+    assert all(isinstance(layer.mlp.replacement, PackedSiluMLP) for layer in fast.model.layers)
 
 
 def test_packed_linears_compute_the_plain_linears(llama_dir):
-    """Where oneDNN runs here, every linear of the packed copy is packed and gives the plain
-    layer's result; the copy shares the model's parameters and leaves the model as it was."""
-    plain = load_model(llama_dir, "float32", CPU)
-    fast = packed_copy(plain)
-    packed = [m for m in fast.modules() if isinstance(m, (PackedLinear, PackedSiluMLP))]
-    assert len(packed) == 4 * len(fast.layers) + 1  # per layer qkv, o, the MLP, down; lm_head
-    assert not any(isinstance(m, (PackedLinear, PackedSiluMLP)) for m in plain.modules())
-    assert fast.embed_tokens.weight is plain.embed_tokens.weight
-    x = torch.randn(5, plain.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    """Where oneDNN runs here, every linear part and SiLU MLP gets a packed replacement that
+    gives model.py's result from the part's own parameters; removing them restores the plain math."""
+    model = load_model(llama_dir, "float32", CPU)
     assert fast_linear.onednn_linears_usable(CPU, torch.float32)  # torch's x86 CPU build has oneDNN
+    x = torch.randn(5, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
-        for plain_layer, fast_layer in zip(plain.layers, fast.layers):
-            torch.testing.assert_close(fast_layer.mlp(x), plain_layer.mlp(x), atol=1e-5, rtol=1e-5)
-            torch.testing.assert_close(fast_layer.self_attn.qkv_proj(x), plain_layer.self_attn.qkv_proj(x))
-        torch.testing.assert_close(fast.lm_head(x), plain.lm_head(x), atol=1e-5, rtol=1e-5)
+        want = [(layer.mlp(x), layer.self_attn.qkv_proj(x)) for layer in model.layers] + [model.lm_head(x)]
+        replacements = packed_replacements(model)
+        assert len(replacements) == 5 * len(model.layers) + 1  # qkv, o, gate_up, down, the MLP; lm_head
+        model.install(replacements)
+        got = [(layer.mlp(x), layer.self_attn.qkv_proj(x)) for layer in model.layers] + [model.lm_head(x)]
+        model.install({})
+        assert model.lm_head.replacement is None
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)

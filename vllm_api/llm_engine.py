@@ -20,7 +20,7 @@ from core.outputs import RequestOutput
 from core.requests import OutputSink, RequestState
 from core.sampling_params import RequestOutputKind
 from core.submit import Request
-from fast.backend import FastBackend
+from fast.backend import build_backend
 from fast.tuning import CpuTuning
 from vllm_api.checkpoint_files import eos_token_ids, generation_config, load_tokenizer
 from vllm_api.config import EngineConfig
@@ -92,7 +92,8 @@ class LLMEngine(LLMExtras):
         tuning = CpuTuning(max_threads=self.config.num_threads) if self.device.type == "cpu" else None
         if tuning is not None:
             tuning.apply()
-        return FastBackend(model, tuning, kernels=not self.config.enforce_eager)
+        return build_backend(model, fast_paths=True, enforce_eager=self.config.enforce_eager,
+                             tuning=tuning)
 
     # ------------------------------------------------------------------ the core's parts
 

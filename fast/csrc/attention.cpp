@@ -608,8 +608,8 @@ at::Tensor prefill_attention(at::Tensor q, at::Tensor pool_k, at::Tensor pool_v,
   const int64_t width = tables.size(1);
   const int64_t *ft = first_token.data_ptr<int64_t>(), *st = starts.data_ptr<int64_t>();
   const int64_t *ln = lengths.data_ptr<int64_t>(), *tab = tables.data_ptr<int64_t>();
+#ifdef STEP14_AVX512  // Tile and the tile kernels exist only there (a plain build compiles without them)
   std::vector<Tile> tiles;
-#ifdef STEP14_AVX512
   const int64_t per_tile = KEYS / group;  // query positions per tile
   for (int64_t c = 0; c < num_chunks; ++c) {
     TORCH_CHECK(ln[c] > 0 && st[c] >= 0 && ft[c] >= 0 && ft[c] + ln[c] <= q.size(0) &&

@@ -1,0 +1,109 @@
+"""Which fast machinery runs: chosen once, here, from the engine's settings and the model.
+
+``choose_paths(model_config, dtype, device, enforce_eager=...)`` is the only place a path is
+picked: the attention kinds' routes (fast/attention.py), packed linears (fast/linear.py), and,
+unless ``enforce_eager``, the compiled kernels (fast/kernels.py) within their limits. The result,
+a ``FastPaths``, is what ``FastBackend`` runs and what its ``describe()`` prints, the reason
+for every kernel left off included. ``fast_paths=False`` never gets here: the engine's builder
+then takes the core's plain ``Backend``.
+
+The kernels' limits, as fast/csrc checks them (outside a limit the PyTorch kind runs):
+
+* every kernel: a CPU tensor in float32, bfloat16 or float16 (their softmax and sums are float32);
+* the tile kernels (prompt chunks, decode over shared blocks): AVX-512 in the build; at most
+  ``TILE_MAX_GROUP`` query heads per KV head (a tile's 16 lanes hold one position's heads);
+  positions and position + window in int32;
+* the few-row linear: bfloat16, AVX-512 BF16 in the build, at most fast/linear.SMALL_ROWS rows;
+* the heads' norm + RoPE: an even head_dim (RoPE's halves).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable
+
+import torch
+
+from fast.attention import Routes
+from fast.kernels import KernelBuild, compiled_kernels
+from fast.linear import onednn_linears_usable
+
+KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+TILE_MAX_GROUP = 16          # csrc/attention.cpp: query heads per KV head in one 16-lane tile
+INT32_MAX = 2 ** 31 - 1      # csrc/attention.cpp: tile lanes hold positions (+ window) as int32
+
+
+@dataclass(frozen=True)
+class FastPaths:
+    """What the fast backend runs, and why anything is off."""
+
+    routes: Routes
+    pack_linears: bool
+    small_linear: Callable | None = None  # the compiled few-row bfloat16 linear
+    glue: object | None = None            # the compiled module for norms and heads' RoPE
+    build: KernelBuild | None = None      # None: enforce_eager (no kernels asked for)
+    off: tuple[str, ...] = ()             # "what (why)" for each kernel left off
+
+    def describe(self) -> str:
+        parts = ["fast attention", "packed linears" if self.pack_linears else "plain linears"]
+        parts.append(self.build.describe() if self.build is not None else "no C++ kernels (enforce_eager)")
+        kernels = [name for name, on in (("decode", self.routes.decode_kernel),
+                                         ("prompt chunks", self.routes.prefill_kernel),
+                                         ("shared decode", self.routes.shared_decode_kernel),
+                                         ("few-row linear", self.small_linear),
+                                         ("norms and RoPE", self.glue)) if on is not None]
+        if kernels:
+            parts.append("kernels for " + ", ".join(kernels))
+        return ", ".join(parts + ([f"off: {'; '.join(self.off)}"] if self.off else []))
+
+
+def choose_paths(config, dtype: torch.dtype, device: torch.device, *, enforce_eager: bool,
+                 pack_linears: bool | None = None) -> FastPaths:
+    """The fast paths for a model (its ``ModelConfig``) in ``dtype`` on ``device``;
+    ``pack_linears`` None: where oneDNN computes the dtype natively here."""
+    routes = Routes.probe(device, dtype)
+    if pack_linears is None:
+        pack_linears = onednn_linears_usable(device, dtype)
+    if enforce_eager:
+        return FastPaths(routes, pack_linears)
+    if device.type != "cpu" or dtype not in KERNEL_DTYPES:
+        return FastPaths(routes, pack_linears, off=(f"C++ kernels ({device.type} {dtype} is not theirs)",))
+    build = compiled_kernels()
+    if build.module is None:
+        return FastPaths(routes, pack_linears, build=build)
+    return _with_kernels(routes, pack_linears, build, config, dtype)
+
+
+def _with_kernels(routes: Routes, pack_linears: bool, build: KernelBuild, config,
+                  dtype: torch.dtype) -> FastPaths:
+    module, off = build.module, []
+    routes = replace(routes, decode_kernel=module.decode_attention)
+    tiles_off = _tile_limits(module, config)
+    if tiles_off:
+        off.append(f"tile kernels ({tiles_off})")
+    else:
+        routes = replace(routes, shared_decode_kernel=module.shared_decode_attention)
+        # Prompt chunks too, where the tiled bfloat16 matmuls are not faster (float32, float16).
+        if not routes.matmul_attention:
+            routes = replace(routes, prefill_kernel=module.prefill_attention)
+    small = None
+    if dtype == torch.bfloat16:
+        small = module.small_linear if module.small_linear_available() else None
+        if small is None:
+            off.append("few-row linear (built without AVX-512 BF16)")
+    glue = module if config.head_dim % 2 == 0 else None
+    if glue is None:
+        off.append(f"norms and RoPE (odd head_dim {config.head_dim})")
+    return FastPaths(routes, pack_linears, small, glue, build, tuple(off))
+
+
+def _tile_limits(module, config) -> str:
+    """Why the tile kernels cannot run this model ('' : they can)."""
+    group = config.num_heads // config.num_kv_heads
+    widest = max([w for w in config.layer_windows if w is not None], default=0)
+    if not module.prefill_attention_available():
+        return "built without AVX-512"
+    if group > TILE_MAX_GROUP:
+        return f"{group} query heads per KV head (at most {TILE_MAX_GROUP})"
+    if config.max_position_embeddings + widest > INT32_MAX:
+        return f"positions + window {config.max_position_embeddings} + {widest} past int32"
+    return ""
