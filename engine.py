@@ -8,6 +8,10 @@ The house has three floors, imports pointing down only (tests/test_layout.py che
 * the fast layer -- fast/, plugged into the core through one seam (core/backend.py);
 * the vLLM layer -- vllm_api/: ``LLM``, ``LLMEngine``, engine arguments, intake, refusals.
 
+The chapter's ``_lookup_prefix_cache`` and ``_do_prefill_step``, which the chapter puts in
+engine.py, are in prefix_cache.py (``PrefixCache``); the scheduler calls them through
+``lookup`` and ``cache_blocks``.
+
 This file only names what the floors export.
 """
 from __future__ import annotations

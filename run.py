@@ -76,7 +76,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "the engine uses fewer only if other processes keep the cores busy)")
     p.add_argument("--show-blocks", type=int, nargs="?", const=1, default=None, metavar="STEP",
                    help="draw the KV pool after this step of round 1 and of round 2 (incremental engine)")
-    p.add_argument("--chain", action="store_true", help="trace one request's chain of block hashes instead")
+    p.add_argument("--chain", action="store_true",
+                   help="trace one request's chain of block hashes instead; its token ids: --prompt's text "
+                        "through the tokenizer, else the model's prompts.json prompt 0, else seeded random ids")
     p.add_argument("--prompt", default=None, help="--chain: the prompt text (default: demo prompt 0)")
     p.add_argument("--change-at", type=int, default=None, metavar="K",
                    help="--chain: the token position to change (default: the middle of the prompt)")

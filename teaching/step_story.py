@@ -51,7 +51,7 @@ def state_line(snap: dict) -> str:
             f"{states['free']} free; ")
     text += (f"shared (ref count > 1): blocks {' '.join(map(str, shared))}. " if shared
              else "no block is shared (every ref count is 0 or 1). ")
-    text += f"Running: {', '.join(running) or 'none'}; waiting: {', '.join(waiting) or 'none'}."
+    text += f"Requests running: {', '.join(running) or 'none'}; waiting: {', '.join(waiting) or 'none'}."
     return text
 
 

@@ -232,7 +232,7 @@ def assert_story_is_the_engines(data: dict, truth: dict, step: int, strategy: st
     shared = [str(i) for i, r in enumerate(refs) if r > 1]
     assert (f"shared (ref count > 1): blocks {' '.join(shared)}." in story["state"]) if shared else \
         "no block is shared" in story["state"]
-    assert story["state"].endswith(f"Running: {', '.join(t['running']) or 'none'}; "
+    assert story["state"].endswith(f"Requests running: {', '.join(t['running']) or 'none'}; "
                                    f"waiting: {', '.join(t['waiting']) or 'none'}.")
 
 
