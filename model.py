@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping, Protocol
@@ -631,18 +632,20 @@ def _load_weights(model: CausalLM, path: Path, dtype: torch.dtype) -> None:
     not use, a wrong shape or a NaN / inf value is refused, naming the tensor and its file."""
     params = dict(model.named_parameters(remove_duplicate=False))
     loaded: set[tuple[str, int | None]] = set()
+    held: dict[str, torch.Tensor] = {}  # a tied config's stored lm_head.weight, placed last
     for file in safetensors_files(path):
-        loaded |= _load_file(model, params, file, dtype)
+        loaded |= _load_file(model, params, file, dtype, held)
     if model.config.tie_word_embeddings:
-        loaded.add(("lm_head.weight", None))
+        loaded |= _tie_as_transformers(model, held.get(_HEAD), loaded, path)
     missing = [name for name, part in _expected_parts(params) if (name, part) not in loaded]
     if missing:
         raise ValueError(f"checkpoint {path} lacks weights for: {', '.join(sorted(set(missing))[:8])}")
 
 
-def _load_file(model: CausalLM, params: dict, file: Path, dtype: torch.dtype) -> set:
-    """Copy one safetensors file into the parameters; returns the parts it filled. A damaged
-    file's error names the file (the library's own message does not)."""
+def _load_file(model: CausalLM, params: dict, file: Path, dtype: torch.dtype, held: dict) -> set:
+    """Copy one safetensors file into the parameters; returns the parts it filled (a tied
+    config's lm_head.weight goes to ``held``). A damaged file's error names the file (the
+    library's own message does not)."""
     from safetensors import SafetensorError, safe_open
 
     loaded, unused = set(), []
@@ -650,6 +653,9 @@ def _load_file(model: CausalLM, params: dict, file: Path, dtype: torch.dtype) ->
         with safe_open(str(file), framework="pt") as f:
             for name in f.keys():
                 if name.endswith(_IGNORED_SUFFIXES):
+                    continue
+                if model.config.tie_word_embeddings and name.removeprefix("model.") == _HEAD:
+                    held[_HEAD] = _checked_head(model, f.get_tensor(name), name, file, dtype)
                     continue
                 part = _copy_weight(model, params, name, f.get_tensor(name), dtype, file)
                 if part is None:
@@ -661,6 +667,40 @@ def _load_file(model: CausalLM, params: dict, file: Path, dtype: torch.dtype) ->
     if unused:
         raise ValueError(_unused_message(model.config, file, unused))
     return loaded
+
+
+_HEAD, _EMBEDDING = "lm_head.weight", "embed_tokens.weight"
+
+
+def _checked_head(model: CausalLM, tensor: torch.Tensor, name: str, file: Path, dtype) -> torch.Tensor:
+    """A tied config's stored lm_head, checked as every weight is, in the model's dtype."""
+    expected = tuple(model.embed_tokens.weight.shape)
+    if tuple(tensor.shape) != expected:
+        raise ValueError(f"weight {name} has shape {tuple(tensor.shape)}, expected {expected}")
+    if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+        raise ValueError(f"weight {name} in checkpoint file {file} has NaN or infinite values; "
+                         f"every output would be NaN, so the model is not run")
+    return tensor.to(device=model.device, dtype=dtype)
+
+
+def _tie_as_transformers(model: CausalLM, head: torch.Tensor | None, loaded: set, path: Path) -> set:
+    """A tied config, as transformers 5's from_pretrained ties it: an lm_head.weight stored
+    without the embedding is the embedding too; one equal to it changes nothing; one with
+    other values unties the two, each as stored (a warning says so). Returns the parts filled."""
+    filled = {(_HEAD, None), (_EMBEDDING, None)}
+    if head is None:
+        return {(_HEAD, None)}
+    with torch.no_grad():
+        if (_EMBEDDING, None) not in loaded:
+            model.embed_tokens.weight.copy_(head)
+        elif not torch.equal(head, model.embed_tokens.weight):
+            model.lm_head.weight = nn.Parameter(head)
+            model.config.tie_word_embeddings = False
+            warnings.warn(f"checkpoint {path}: config.json ties the embeddings "
+                          f"(tie_word_embeddings true) but the weights also store lm_head.weight "
+                          f"with other values; loaded as transformers loads it: untied, each "
+                          f"weight as stored", stacklevel=4)
+    return filled
 
 
 def _unused_message(cfg: ModelConfig, file: Path, names: list[str]) -> str:

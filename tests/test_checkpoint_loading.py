@@ -1,14 +1,17 @@
-"""Checkpoint loading beyond one file: sharded safetensors, missing shards and tensors, bfloat16."""
+"""Checkpoint loading beyond one file: sharded safetensors, missing shards and tensors, bfloat16,
+a tied checkpoint that also stores lm_head.weight (loaded as transformers loads it)."""
 from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
 
-from helpers import GreedyReference, assert_no_leak, greedy, make_llm, random_prompt
+from helpers import (GreedyReference, _hf_model, assert_no_leak, checkpoint_config, greedy, make_llm,
+                     random_prompt)
 
 
 @pytest.fixture(scope="module")
@@ -58,3 +61,69 @@ def test_bfloat16_runs_and_leaks_nothing(llama_dir):
     outs = llm.generate([random_prompt(30, seed=1)] * 2, greedy(8), use_tqdm=False)
     assert outs[0].token_ids == outs[1].token_ids and len(outs[0].token_ids) == 8
     assert_no_leak(llm)
+
+
+# ----------------------------------------------------------------------------- tied + lm_head
+
+def tied_with_head(out: Path, head: str) -> str:
+    """A sharded tied checkpoint (tie_word_embeddings true) whose last shard also stores
+    ``lm_head.weight``: ``head`` "other" (its own values), "same" (the embedding's) or "only"
+    (the embedding itself left out, as some exporters save a tied model)."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(5)
+    model = AutoModelForCausalLM.from_config(checkpoint_config("llama3_tied"), dtype=torch.float32)
+    model.save_pretrained(out, max_shard_size="100KB")
+    index_path = out / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    weight_map = index["weight_map"]
+    first, last = weight_map["model.embed_tokens.weight"], sorted(set(weight_map.values()))[-1]
+    assert first != last, "the lm_head must land in a later shard than the embedding"
+    embedding = model.model.embed_tokens.weight.detach().clone()
+    stored = torch.randn(embedding.shape, generator=torch.Generator().manual_seed(9)) * 0.15
+    tensors = load_file(str(out / last))
+    tensors["lm_head.weight"] = embedding if head != "other" else stored
+    save_file(tensors, str(out / last), metadata={"format": "pt"})
+    weight_map["lm_head.weight"] = last
+    if head == "only":
+        shard = load_file(str(out / first))
+        del shard["model.embed_tokens.weight"], weight_map["model.embed_tokens.weight"]
+        save_file(shard, str(out / first), metadata={"format": "pt"})
+    index_path.write_text(json.dumps(index))
+    return str(out)
+
+
+@pytest.mark.parametrize("head", ["other", "same", "only"])
+def test_tied_checkpoint_with_a_stored_lm_head_loads_as_hf(tmp_path, head):
+    """transformers 5 unties a tied config whose files hold a different lm_head (and uses
+    both); an equal one, or one stored instead of the embedding, stays tied."""
+    ckpt = tied_with_head(tmp_path / "ckpt", head)
+    hf = _hf_model(ckpt)
+    hf_tied = hf.lm_head.weight.data_ptr() == hf.model.embed_tokens.weight.data_ptr()
+    assert hf_tied == (head != "other")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        llm = make_llm(ckpt)
+    model = llm.llm_engine.engine_core.model_runner.backend.model
+    assert (model.lm_head.weight is model.embed_tokens.weight) == hf_tied
+    assert torch.equal(model.lm_head.weight, hf.lm_head.weight)
+    assert torch.equal(model.embed_tokens.weight, hf.model.embed_tokens.weight)
+    untied_warnings = [w for w in caught if "lm_head.weight" in str(w.message)]
+    assert len(untied_warnings) == (0 if hf_tied else 1)
+    prompts = [random_prompt(n, seed=n) for n in (6, 33)]
+    for path in (dict(), dict(fast_paths=False)):
+        outs = make_llm(ckpt, **path).generate(prompts, greedy(10), use_tqdm=False)
+        GreedyReference(ckpt).compare_all(prompts, outs, 10)
+
+
+def test_untied_checkpoint_stays_untied_under_hf_overrides(tmp_path):
+    ckpt = tied_with_head(tmp_path / "ckpt", "other")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        llm = make_llm(ckpt, hf_overrides={"max_position_embeddings": 256})
+    model = llm.llm_engine.engine_core.model_runner.backend.model
+    assert model.lm_head.weight is not model.embed_tokens.weight
+    prompts = [random_prompt(n, seed=n) for n in (6, 33)]
+    outs = llm.generate(prompts, greedy(10), use_tqdm=False)
+    GreedyReference(ckpt).compare_all(prompts, outs, 10)

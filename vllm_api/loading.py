@@ -76,6 +76,8 @@ def dummy_model(cfg: ModelConfig, dtype: torch.dtype, device: torch.device,
 
 def rebuild(loaded: CausalLM, cfg: ModelConfig) -> CausalLM:
     """``loaded``'s tensors in a model built from ``cfg`` (assigned, not copied)."""
+    # A tied checkpoint that stores its own lm_head loaded untied (model.py): it stays so.
+    cfg.tie_word_embeddings = cfg.tie_word_embeddings and loaded.config.tie_word_embeddings
     with torch.device("meta"):
         model = CausalLM(cfg)
     try:
