@@ -105,6 +105,8 @@ class EngineCore:
 
     def _step(self) -> None:
         self.stepping = True
+        if self.model_runner.weights_changed():  # K/V of the old weights is never served again
+            self.reset_prefix_cache(reset_running_requests=True)
         chunks = self.scheduler.schedule()
         if not chunks:
             if self.scheduler.has_unfinished:

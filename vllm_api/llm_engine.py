@@ -36,6 +36,7 @@ from vllm_api.model_config import ModelConfig
 from vllm_api.output_view import OutputProcessorView
 from vllm_api.refusals import refuses
 from vllm_api.sampling_params import SamplingParams
+from vllm_api.worker import worker_class
 
 SAMPLING_DEFAULT_KEYS = ("repetition_penalty", "presence_penalty", "frequency_penalty",
                          "temperature", "top_k", "top_p", "min_p", "max_new_tokens")
@@ -54,6 +55,7 @@ class LLMEngine(LLMExtras):
     should_execute_dummy_batch = False
 
     def __init__(self, model: str | os.PathLike, **engine_args) -> None:
+        worker_cls = worker_class(engine_args.pop("worker_extension_cls", None))
         self.config = EngineConfig(**translate_engine_args(engine_args,
                                                            EngineConfig.__dataclass_fields__))
         self.device = torch.device(self.config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -71,6 +73,7 @@ class LLMEngine(LLMExtras):
         if self.kv_events is not None:
             self.engine_core.atomic.add(self.kv_events)  # an undone step publishes nothing
         self._auto_ids = itertools.count()
+        self.worker = worker_cls(self)  # collective_rpc's one worker, its extension's state kept
 
     def _build_core(self, model) -> EngineCore:
         cfg = self.config

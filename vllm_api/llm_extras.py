@@ -18,7 +18,7 @@ from pathlib import Path
 
 from vllm_api.errors import refuse
 from vllm_api.metrics import Metric, metrics_from_stats
-from vllm_api.worker import Worker, run_on_worker
+from vllm_api.worker import run_on_worker
 
 PROFILE_DIR_ENV = "VLLM_TORCH_PROFILER_DIR"
 DEFAULT_PROFILE_DIR = "vllm_profile"
@@ -87,15 +87,19 @@ class LLMExtras:
         return ("generate",)
 
     def apply_model(self, func) -> list:
-        """vLLM's ``apply_model``: ``func(model)`` on each worker; here one model, one result."""
-        return [func(self.model)]
+        """vLLM's ``apply_model``: ``func(model)`` on each worker; here one model, one result,
+        between steps (under the engine's lock)."""
+        engine = getattr(self, "llm_engine", self)
+        with engine.engine_core.lock:
+            return [func(self.model)]
 
     def collective_rpc(self, method, timeout=None, args=(), kwargs=None) -> list:
         """vLLM's ``collective_rpc`` on the one in-process worker (worker.py): ``method`` is a
         callable taking the worker first (``self.rank``, ``self.model_runner``...), or the
         name of a worker method."""
         engine = getattr(self, "llm_engine", self)
-        return run_on_worker(Worker(engine), method, args, kwargs)
+        with engine.engine_core.lock:  # between steps: a step never sees half-changed weights
+            return run_on_worker(engine.worker, method, args, kwargs)
 
     def reset_mm_cache(self) -> None:
         """Nothing to reset: no multimodal inputs."""

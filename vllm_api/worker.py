@@ -4,9 +4,15 @@ a function it runs there (``self.rank``, ``self.device``, ``self.model_runner.mo
 vLLM runs ``collective_rpc(fn)`` as ``fn(worker, *args, **kwargs)`` on every worker process
 and ``collective_rpc("name")`` as the worker's method ``name``; this engine has one worker,
 in-process, so the result is a one-element list. Its ``model_runner`` is the core's
-``ModelRunner`` (``.model`` is the loaded ``CausalLM``).
+``ModelRunner`` (``.model`` is the loaded ``CausalLM``, the very model every path runs).
+
+``LLM(..., worker_extension_cls="module.Class")`` mixes a user class into the worker, as vLLM
+does (RL frameworks put their weight-sync methods there): ``collective_rpc("its_method", ...)``
+then runs it with ``self.model_runner.model`` in reach. Its names may not shadow the worker's.
 """
 from __future__ import annotations
+
+import importlib
 
 
 class Worker:
@@ -47,6 +53,28 @@ class Worker:
 
     def reset_prefix_cache(self) -> bool:
         return self.llm_engine.reset_prefix_cache()
+
+
+def worker_class(extension=None) -> type[Worker]:
+    """``Worker``, or ``Worker`` with ``extension`` (a class, or its "module.Class" name) as a
+    further base; an extension attribute that the worker already has is refused (vLLM's rule)."""
+    if extension is None:
+        return Worker
+    cls = _import_class(extension) if isinstance(extension, str) else extension
+    if not isinstance(cls, type):
+        raise TypeError(f"worker_extension_cls must be a class or a 'module.Class' name, got {extension!r}")
+    clashes = [name for name in vars(cls) if not name.startswith("__") and hasattr(Worker, name)]
+    if clashes:
+        raise ValueError(f"Worker class {Worker} already has an attribute {clashes[0]}, which "
+                         f"conflicts with the worker extension class {cls}.")
+    return type(f"Worker_{cls.__name__}", (Worker, cls), {})
+
+
+def _import_class(qualname: str) -> type:
+    module, _, name = qualname.rpartition(".")
+    if not module:
+        raise ValueError(f"worker_extension_cls {qualname!r} is not a 'module.Class' name")
+    return getattr(importlib.import_module(module), name)
 
 
 def run_on_worker(worker: Worker, method, args=(), kwargs=None) -> list:
