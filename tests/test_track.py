@@ -208,6 +208,42 @@ class QueriedLeftOut(Written):
         return PrefixMatch(match.blocks, match.num_cached_tokens, match.chain, match.next_in_flight)
 
 
+def lookup(self, seq, *, wait_at_last=False, wait_on_collision=True):
+    """The reference's _lookup_prefix_cache with one of its rules switched off."""
+    chain = self._chain_for_lookup(seq)
+    max_blocks = min((seq.num_tokens - 1) // self.block_size, len(chain))
+    blocks, waits = [], wait_on_collision
+    while len(blocks) < max_blocks:
+        block = self._prefix_cache.get(chain[len(blocks)])
+        if block is None or not self._holds(block, seq, len(blocks), blocks):
+            waits = waits or block is None
+            break
+        blocks.append(block)
+    edge = len(chain) if wait_at_last else max_blocks
+    in_flight = waits and len(blocks) < edge and self._is_in_flight(seq, len(blocks), chain)
+    return PrefixMatch(blocks, len(blocks) * self.block_size, chain, in_flight, seq.num_tokens)
+
+
+class WaitsForTheLastBlock(Written):
+    def _lookup_prefix_cache(self, seq):
+        return lookup(self, seq, wait_at_last=True)
+
+
+class NoWaitBehindACollision(Written):
+    def _lookup_prefix_cache(self, seq):
+        return lookup(self, seq, wait_on_collision=False)
+
+
+class RecomputeSeedZero(Written):
+    """The "before" at save seeds block 0 with 0, not the chain's seed (the salt's hash)."""
+
+    def _hash_for_save(self, seq, index, parent):
+        if self.hash_strategy != "recompute":
+            return PrefixCache._hash_for_save(self, seq, index, parent)
+        prev, bs = parent.block_hash if parent is not None else 0, self.block_size
+        return self._chain_hash(seq.token_view(), prev, index * bs, (index + 1) * bs)
+
+
 WEAK = "weak hash_fn: "
 MISTAKES = [
     (Uncounted, 1, "the chain of the 527-token prompt", "hash calls: yours 0, the engine's 32"),
@@ -241,6 +277,12 @@ MISTAKES = [
     (SaltDropped, 4, "a salted prompt seen before, looked up with the same cache_salt",
      "the rule: a saved block records the request's cache_salt"),
     (QueriedLeftOut, 3, "a cold lookup", "tokens queried by the lookup: yours 0, the engine's 527"),
+    (WaitsForTheLastBlock, 3, "a prompt of exactly 32 full blocks while another request computes its last "
+     "block", "the rule: only a block the lookup could serve is waited for"),
+    (NoWaitBehindACollision, 3, WEAK + "a lookup misses on a collided entry while another request computes "
+     "the block", "next_in_flight of d's lookup: yours False, the engine's True"),
+    (RecomputeSeedZero, 5, "a salted prompt seen before, looked up with the same cache_salt, under recompute",
+     "the rule: a saved block records the request's cache_salt"),
 ]
 
 

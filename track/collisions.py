@@ -104,12 +104,43 @@ def chunked_then_hit(cls):
     return match_of(cache, new_seq(cache, prompt(), "second"))
 
 
-@scenario(4, "a salted prompt seen before, looked up with the same cache_salt",
-          rule="a saved block records the request's cache_salt: a request with the same salt hits it")
-def same_salt_again(cls):
-    cache = new_cache(cls)
+SALT_RULE = ("a saved block records the request's cache_salt, under the hash its salted chain gives "
+             "it: a request with the same salt hits it")
+
+
+def same_salt_again(cls, strategy):
+    cache = new_cache(cls, strategy)
     run_to_end(scheduler_for(cache), new_seq(cache, prompt(), "first", salt="alice"))
     return match_of(cache, new_seq(cache, prompt(), "second", salt="alice"))
+
+
+scenario(4, "a salted prompt seen before, looked up with the same cache_salt", rule=SALT_RULE)(
+    lambda cls: same_salt_again(cls, "incremental"))
+scenario(5, "a salted prompt seen before, looked up with the same cache_salt, under recompute",
+         rule=SALT_RULE)(lambda cls: same_salt_again(cls, "recompute"))
+
+
+# ------------------------------------------------------------------ step 3: in flight, at the edges
+
+@scenario(3, "weak hash_fn: a lookup misses on a collided entry while another request computes the block",
+          rule="when the lookup stops, it reports whether another running request is computing that "
+               "block, whatever the map holds under its hash (an entry that fails _holds is no hit)")
+def in_flight_behind_collision(cls):
+    cache, scheduler = weak_setup(cls, "incremental")
+    scheduler.add(new_seq(cache, weak_tokens(10, 20, fill=3), "c"))
+    scheduler.schedule()  # "c" admitted: its blocks are in flight, not computed yet
+    return match_of(cache, new_seq(cache, weak_tokens(10, 20, fill=3), "d"), "d's lookup")
+
+
+@scenario(3, "a prompt of exactly 32 full blocks while another request computes its last block",
+          rule="only a block the lookup could serve is waited for: the block holding the last token "
+               "is computed anyway (its logits are needed), so it is never a reason to wait")
+def last_block_in_flight(cls):
+    cache = new_cache(cls)
+    scheduler = scheduler_for(cache, budget=500)  # "first" computes blocks 0 to 30, block 31 is in flight
+    scheduler.add(new_seq(cache, prompt()[:32 * BLOCK], "first"))
+    scheduler.commit(scheduler.schedule())
+    return match_of(cache, new_seq(cache, prompt()[:32 * BLOCK], "second"))
 
 
 @scenario(5, "a prompt sharing the first 300 tokens of one seen before, under recompute",
