@@ -224,6 +224,13 @@ def lookup(self, seq, *, wait_at_last=False, wait_on_collision=True):
     return PrefixMatch(blocks, len(blocks) * self.block_size, chain, in_flight, seq.num_tokens)
 
 
+class QueriesThePromptOnly(Written):
+    def _lookup_prefix_cache(self, seq):
+        match = super()._lookup_prefix_cache(seq)
+        match.queried = seq.num_prompt_tokens
+        return match
+
+
 class WaitsForTheLastBlock(Written):
     def _lookup_prefix_cache(self, seq):
         return lookup(self, seq, wait_at_last=True)
@@ -277,6 +284,8 @@ MISTAKES = [
     (SaltDropped, 4, "a salted prompt seen before, looked up with the same cache_salt",
      "the rule: a saved block records the request's cache_salt"),
     (QueriedLeftOut, 3, "a cold lookup", "tokens queried by the lookup: yours 0, the engine's 527"),
+    (QueriesThePromptOnly, 3, "a Sequence with 21 generated tokens looked up again (as after a preemption)",
+     "tokens queried by the lookup: yours 527, the engine's 548"),
     (WaitsForTheLastBlock, 3, "a prompt of exactly 32 full blocks while another request computes its last "
      "block", "the rule: only a block the lookup could serve is waited for"),
     (NoWaitBehindACollision, 3, WEAK + "a lookup misses on a collided entry while another request computes "

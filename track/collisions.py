@@ -162,3 +162,15 @@ def recompute_chunked_then_hit(cls):
     cache = new_cache(cls, "recompute")
     run_to_end(scheduler_for(cache, budget=100), new_seq(cache, prompt(), "first"))
     return match_of(cache, new_seq(cache, prompt(), "second"))
+
+
+@scenario(3, "a Sequence with 21 generated tokens looked up again (as after a preemption)",
+          rule="a lookup reads all of the sequence's tokens, generated ones too: they are what it "
+               "queries, and their full blocks are part of its chain")
+def lookup_after_generated(cls):
+    cache = new_cache(cls)
+    run_to_end(scheduler_for(cache), new_seq(cache, prompt(), "first"))
+    seq = new_seq(cache, prompt(), "preempted")
+    for token in range(21):  # sampled before the preemption: 548 tokens, 34 full blocks
+        seq.append_token(token)
+    return match_of(cache, seq)
