@@ -12,7 +12,8 @@ The chapter's ``_lookup_prefix_cache`` and ``_do_prefill_step``, which the chapt
 engine.py, are in prefix_cache.py (``PrefixCache``); the scheduler calls them through
 ``lookup`` and ``cache_blocks``.
 
-This file only names what the floors export.
+This file only names what the floors export. ``engine.__version__`` is the vLLM release whose
+API the vLLM layer follows (0.32.0), so frameworks' version gates take that branch.
 """
 from __future__ import annotations
 
@@ -23,5 +24,6 @@ from vllm_api.llm import LLM
 from vllm_api.llm_engine import LLMEngine
 from vllm_api.public import *  # noqa: F403 -- vLLM's public names, importable from here
 from vllm_api.public import __all__ as _VLLM_NAMES
+from vllm_api.public import __version__, __version_tuple__  # the vLLM API version followed
 
 __all__ = ["LLM", "LLMEngine", "EngineCore", "Backend", "Sequence", *_VLLM_NAMES]

@@ -100,8 +100,8 @@ class SamplingParams:
         """A deep copy (what the engine keeps at submission, as vLLM does)."""
         return copy.deepcopy(self)
 
-    def verify(self, vocab_size: int, max_logprobs: int = DEFAULT_MAX_LOGPROBS,
-               tokenizer=None) -> None:
+    def check_against(self, vocab_size: int, max_logprobs: int = DEFAULT_MAX_LOGPROBS,
+                      tokenizer=None) -> None:
         """Re-check every field (the object may have been mutated since construction), then
         the vocabulary-bounded values; and tokenize ``bad_words``. Call on a ``clone()``."""
         self._validate()

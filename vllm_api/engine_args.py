@@ -24,11 +24,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import typing
 from dataclasses import dataclass
 
 from pathlib import Path
 
 from vllm_api.config import EngineConfig
+from vllm_api.engine_arg_refusals import FEATURE_OF, check_off
+from vllm_api.refusals import refuses, vllm_members
 
 ONE_DEVICE = "this engine runs in one process on one device"
 DEMO_MODEL = str(Path(__file__).resolve().parent.parent / "demo_model")
@@ -135,6 +138,16 @@ UNSUPPORTED = {
 }
 
 
+BUILD_IT = ("the engine builds its own config", "build the engine from these arguments "
+             "(LLM(**asdict(args)), LLMEngine.from_engine_args(args)); its model_config is "
+             "vLLM's ModelConfig")
+ENGINE_ARGS_REFUSED = {name: BUILD_IT for name in (
+    "create_model_config", "validate_tensorizer_args", "create_load_config",
+    "create_speculative_config", "create_diffusion_config", "create_watermark_config",
+    "create_structured_outputs_config", "create_observability_config", "create_logging_config",
+    "create_engine_config", "get_batch_defaults")}
+
+
 def translate_engine_args(kwargs: dict, own_fields) -> dict:
     """The ``EngineConfig`` keyword arguments for vLLM-style ``kwargs``: ours and renamed ones
     kept, neutral ones dropped, anything else rejected (see the module docstring)."""
@@ -143,11 +156,14 @@ def translate_engine_args(kwargs: dict, own_fields) -> dict:
         if name in own_fields:
             config[name] = value
         elif name in RENAMED:
-            config[RENAMED[name]] = value
+            if value is not None:  # None: the default, which must not undo the new name's value
+                config[RENAMED[name]] = value
         elif name in NEUTRAL:
             _check_neutral(name, value, NEUTRAL[name])
         elif name in UNSUPPORTED:
             _check_unsupported(name, value, UNSUPPORTED[name])
+        elif name in FEATURE_OF:
+            check_off(name, value)
         else:
             unknown.append(name)
     if unknown:
@@ -168,31 +184,14 @@ def _check_unsupported(name: str, value, rule: Unsupported) -> None:
     raise ValueError(f"{name}={value!r} is not supported: {rule.why}")
 
 
-class EngineArgs:
-    """vLLM's ``EngineArgs``: the model and engine arguments, checked when the engine is built
-    (``LLMEngine.from_engine_args``). ``add_cli_args`` / ``from_cli_args`` cover the arguments
-    this engine implements and the vLLM names it accepts (see the tables above)."""
+class EngineArgsMethods:
+    """What vLLM's ``EngineArgs`` does besides holding the arguments: the command line."""
 
-    def __init__(self, model: str = DEMO_MODEL, **kwargs) -> None:
-        self.model = model
-        self.kwargs = kwargs
-
-    def __getattr__(self, name: str):
-        """An argument by name, as on vLLM's dataclass: given, else this engine's default."""
-        if name.startswith("__") or name == "kwargs":
-            raise AttributeError(name)
-        if name in self.kwargs:
-            return self.kwargs[name]
-        spec = EngineConfig.__dataclass_fields__.get(name)
-        if spec is not None and spec.default is not dataclasses.MISSING:
-            return spec.default
-        if name in NEUTRAL or name in UNSUPPORTED or name in RENAMED:
-            return None
-        raise AttributeError(f"EngineArgs has no argument {name!r}")
-
-    def __repr__(self) -> str:
-        args = ", ".join(f"{k}={v!r}" for k, v in self.kwargs.items())
-        return f"EngineArgs(model={self.model!r}{', ' if args else ''}{args})"
+    @property
+    def kwargs(self) -> dict:
+        """The arguments given a value other than their default (what builds the engine)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name != "model" and getattr(self, f.name) != _default_of(f)}
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -220,6 +219,36 @@ class EngineArgs:
         given = {k: v for k, v in vars(args).items()
                  if (k in fields and v != fields[k].default) or (k in known and v is not None)}
         return cls(args.model, **given)
+
+
+def _default_of(spec: dataclasses.Field):
+    if spec.default_factory is not dataclasses.MISSING:
+        return spec.default_factory()
+    return spec.default
+
+
+def _engine_args_fields() -> list[tuple]:
+    """``model``, then this engine's own fields at their defaults, then every other name a
+    vLLM script may pass (vLLM 0.32's fields, the tables above) at None, "the default"."""
+    own = [(f.name, f.type, dataclasses.field(default=f.default, default_factory=f.default_factory))
+           for f in dataclasses.fields(EngineConfig)]
+    vllm_fields = [name for name, member in vllm_members()["EngineArgs"]["members"].items()
+                   if member["kind"] == "field"]
+    taken = {"model"} | {f[0] for f in own}
+    rest = [n for n in dict.fromkeys([*vllm_fields, *RENAMED, *NEUTRAL, *UNSUPPORTED, *FEATURE_OF])
+            if n not in taken]
+    return [("model", str, dataclasses.field(default=DEMO_MODEL)), *own,
+            *[(name, typing.Any, dataclasses.field(default=None)) for name in rest]]
+
+
+ENGINE_ARGS_DOC = """vLLM's ``EngineArgs``, a dataclass as vLLM's is (``dataclasses.asdict(args)`` and
+``LLM(**asdict(args))`` work): the model and every engine argument, checked when the engine is
+built (``LLMEngine.from_engine_args``). ``add_cli_args`` / ``from_cli_args`` cover the
+arguments this engine implements and the vLLM names it accepts (see the tables above)."""
+
+EngineArgs = refuses("EngineArgs", ENGINE_ARGS_REFUSED)(dataclasses.make_dataclass(
+    "EngineArgs", _engine_args_fields(), bases=(EngineArgsMethods,),
+    namespace={"__doc__": ENGINE_ARGS_DOC, "__module__": __name__}))
 
 
 class AsyncEngineArgs(EngineArgs):

@@ -36,6 +36,11 @@ class UnsupportedAttributeError(UnsupportedFeatureError, AttributeError):
     """A vLLM attribute read here: refused naming the feature, and an AttributeError."""
 
 
+class EngineGenerateError(RuntimeError):
+    """vLLM's recoverable ``generate()`` failure, for ``except`` clauses: a request here fails
+    with its own error (a ValueError at submission), the engine serving on."""
+
+
 class EngineDeadError(RuntimeError):
     """vLLM's ``EngineDeadError``: a step failed, the engine is stopped for every caller;
     ``__cause__`` is what the step raised."""

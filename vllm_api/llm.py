@@ -147,7 +147,9 @@ class LLM(LLMExtras):
     def has_unfinished_requests(self) -> bool:
         return self.llm_engine.has_unfinished_requests()
 
-    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+    def reset_prefix_cache(self, reset_running_requests: bool = False,
+                           reset_connector: bool = False) -> bool:
+        """Drop every cached block no request holds; ``reset_connector``: no KV connector here."""
         return self.llm_engine.reset_prefix_cache(reset_running_requests)
 
     def stats(self) -> dict:

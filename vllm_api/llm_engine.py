@@ -172,10 +172,11 @@ class LLMEngine(LLMExtras):
     # ------------------------------------------------------------------ requests
 
     def add_request(self, request_id: str | None, prompt, params: SamplingParams | None = None,
-                    arrival_time=None, lora_request=None, priority: int = 0,
-                    **unsupported) -> str:
+                    arrival_time=None, lora_request=None, tokenization_kwargs=None,
+                    trace_headers=None, priority: int = 0, **unsupported) -> str:
         """Queue one request (applied between steps); its outputs come from ``step()``."""
-        reject_unsupported(lora_request, priority, **unsupported)
+        reject_unsupported(lora_request, priority, tokenization_kwargs=tokenization_kwargs,
+                           **unsupported)
         if request_id is not None and not isinstance(request_id, str):
             raise TypeError(f"request_id must be a string, got {type(request_id).__name__}")
         state, = self.add_requests([(prompt, params)], request_ids=[request_id])
@@ -215,7 +216,7 @@ class LLMEngine(LLMExtras):
             rid = str(next(self._auto_ids))
         return rid
 
-    def abort_request(self, request_ids) -> None:
+    def abort_request(self, request_ids, internal: bool = False) -> None:
         for request_id in [request_ids] if isinstance(request_ids, str) else request_ids:
             self.abort(request_id)
 
@@ -243,7 +244,8 @@ class LLMEngine(LLMExtras):
             found["max_tokens"] = found.pop("max_new_tokens")
         return SamplingParams(**found)
 
-    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+    def reset_prefix_cache(self, reset_running_requests: bool = False,
+                           reset_connector: bool = False) -> bool:
         try:
             return self.engine_core.reset_prefix_cache(reset_running_requests)
         finally:

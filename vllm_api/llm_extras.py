@@ -42,10 +42,14 @@ class LLMExtras:
 
     # ------------------------------------------------------------------ profiling
 
-    def start_profile(self, profile_prefix: str | None = None, profile_dir: str | None = None) -> None:
+    def start_profile(self, profile_prefix: str | None = None, profile_dir: str | None = None, *,
+                      delay_iterations: int = 0, max_iterations: int = 0) -> None:
         """Start recording a torch.profiler trace (CPU, and CUDA when on a GPU)."""
         import torch
 
+        if delay_iterations or max_iterations:
+            refuse("profiling windows (delay_iterations / max_iterations)", "the profile runs "
+                   "from start_profile() to stop_profile()")
         if self._profiler is not None:
             raise RuntimeError("a profile is already running: call stop_profile() first")
         activities = [torch.profiler.ProfilerActivity.CPU]
@@ -154,7 +158,10 @@ class LLMExtras:
     def add_lora(self, lora_request) -> bool:
         refuse("LoRA adapters", "the engine loads base weights only")
 
-    remove_lora = pin_lora = add_lora
+    def remove_lora(self, lora_id: int) -> bool:
+        refuse("LoRA adapters", "the engine loads base weights only")
+
+    pin_lora = remove_lora
 
     def update_weights(self, *args, **kwargs):
         refuse("in-place weight updates", WEIGHT_UPDATE_REASON)

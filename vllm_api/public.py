@@ -20,7 +20,18 @@ from vllm_api.kv_events import (
 )
 from vllm_api.kv_events_zmq import ZmqEventPublisher
 from vllm_api.engine_args import AsyncEngineArgs, EngineArgs
-from vllm_api.errors import UnsupportedFeatureError, VLLMValidationError
+from vllm_api.errors import (
+    EngineDeadError,
+    EngineGenerateError,
+    UnsupportedFeatureError,
+    VLLMValidationError,
+)
+from vllm_api.logits_processors import (
+    BatchUpdate,
+    LogitsProcessor,
+    MoveDirectionality,
+    process_dict_updates,
+)
 from vllm_api.intake import (
     DataPrompt,
     EmbedsInput,
@@ -62,6 +73,7 @@ from vllm_api.sampling_params import (
 from vllm_api.structured import GuidedDecodingParams, StructuredOutputsParams
 from vllm_api.type_aliases import (
     ConvertOption,
+    ExternalBlockHash,
     HfOverrides,
     LogprobsMode,
     LogprobsOnePosition,
@@ -81,7 +93,13 @@ from vllm_api.vllm_config import (
     ProfilerConfig,
     SpeculativeConfig,
     StructuredOutputsConfig,
+    VllmConfig,
 )
+
+# The vLLM release whose API this engine follows (its names and members were read from it:
+# vllm_names.json, vllm_members.json), so version gates in frameworks take that branch.
+__version__ = "0.32.0"
+__version_tuple__ = (0, 32, 0)
 
 __all__ = [
     # vllm
@@ -103,7 +121,7 @@ __all__ = [
     # vllm.config
     "CompilationConfig", "CompilationMode", "CUDAGraphMode", "KVTransferConfig",
     "PoolerConfig", "ProfilerConfig", "SpeculativeConfig", "StructuredOutputsConfig",
-    "KVEventsConfig",
+    "KVEventsConfig", "VllmConfig",
     # vllm.config.model
     "LogprobsMode", "ModelDType", "TokenizerMode", "RunnerOption", "ConvertOption", "HfOverrides",
     # vllm.logprobs
@@ -112,10 +130,14 @@ __all__ = [
     "AsyncLLM", "random_uuid",
     # vllm.distributed.kv_events
     "BlockStored", "BlockRemoved", "AllBlocksCleared", "KVCacheEvent", "KVEventBatch",
-    "EventBatch", "ZmqEventPublisher", "MEDIUM_GPU",
+    "EventBatch", "ZmqEventPublisher", "MEDIUM_GPU", "ExternalBlockHash",
     # vllm.entrypoints.generate.beam_search.utils
     "BeamSearchOutput", "BeamSearchSequence",
     # vllm.v1.metrics.reader, vllm.utils.argparse_utils, vllm.exceptions
     "Counter", "Gauge", "Histogram", "Metric", "Vector", "FlexibleArgumentParser",
     "VLLMValidationError", "UnsupportedFeatureError",
+    # vllm.v1.engine.exceptions
+    "EngineDeadError", "EngineGenerateError",
+    # vllm.v1.sample.logits_processor (process_dict_updates: its .builtin)
+    "BatchUpdate", "LogitsProcessor", "MoveDirectionality", "process_dict_updates",
 ]

@@ -132,12 +132,17 @@ class SamplingParams(CoreSamplingParams):
         return SamplingParams(**{name: value for name, value in given.items()
                                  if value is not None or "None" in str(fields[name].type)})
 
-    def verify(self, vocab_size: int, max_logprobs: int = DEFAULT_MAX_LOGPROBS,
-               tokenizer=None) -> None:
-        """The core's checks, after refusing the features this engine lacks."""
+    def check_against(self, vocab_size: int, max_logprobs: int = DEFAULT_MAX_LOGPROBS,
+                      tokenizer=None) -> None:
+        """The core's checks (at submission), after refusing the features this engine lacks."""
         self._validate()
         self._refuse_unsupported()
-        super().verify(vocab_size, max_logprobs, tokenizer)
+        super().check_against(vocab_size, max_logprobs, tokenizer)
+
+    def verify(self, model_config, speculative_config=None, structured_outputs_config=None,
+               tokenizer=None) -> None:
+        """vLLM's ``verify``: the submission checks against a ``ModelConfig`` (model_config.py)."""
+        self.check_against(model_config.get_vocab_size(), model_config.max_logprobs, tokenizer)
 
     def _validate(self) -> None:
         super()._validate()

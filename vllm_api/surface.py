@@ -29,6 +29,7 @@ NEUTRAL = {
     "CUDAGraphMode": "always eager", "CompilationConfig": "always eager",
     "CompilationMode": "always eager",
     "StructuredOutputsConfig": "structured outputs are refused per request",
+    "EngineGenerateError": "exists for except clauses; a request fails here with its own error",
 }
 
 REFUSED = {
@@ -44,11 +45,16 @@ REFUSED = {
     "EmbedsPrompt": "prompt embeddings", "ExplicitEncoderDecoderPrompt": "decoder-only models",
     "LoRARequest": "constructs; lora_request=... is refused at submission",
     "KVTransferConfig": "KV transfer", "SpeculativeConfig": "speculative decoding",
+    "VllmConfig": "constructs; from_vllm_config is refused (pass engine arguments)",
+    "LogitsProcessor": "subclasses define; logits_processors=[...] is refused at start-up",
 }
 
 NOT_PROVIDED = {
-    "__version__": "this is not vLLM: no vLLM version to report",
-    "__version_tuple__": "this is not vLLM: no vLLM version to report",
+    **{name: "vLLM's built-in logits processors and their plumbing (logit_bias, min_p and "
+             "min_tokens are SamplingParams fields here)" for name in (
+        "AdapterLogitsProcessor", "BatchUpdateBuilder", "LOGITSPROCS_GROUP",
+        "LogitBiasLogitsProcessor", "LogitsProcessors", "MinPLogitsProcessor",
+        "MinTokensLogitsProcessor", "STR_POOLING_REJECTS_LOGITSPROCS", "build_logitsprocs")},
     **{name: "vLLM-internal limits and helpers" for name in (
         "MAX_LOGPROB_TOKEN_IDS", "MAX_STRUCTURED_OUTPUT_JSON_NESTING",
         "STRUCTURAL_TAG_WRAPPER_NESTING", "ThinkingTokenBudget", "check_json_nesting",
@@ -76,7 +82,7 @@ NOT_PROVIDED = {
         "LoadConfig", "LoggingConfig", "MambaConfig", "ModelConfig", "MultiModalConfig",
         "ObservabilityConfig", "OffloadBackend", "OffloadConfig", "ParallelConfig", "PassConfig",
         "PrefetchOffloadConfig", "ReasoningConfig", "SchedulerConfig", "SpeechToTextConfig",
-        "SpeechToTextParams", "SupportsMetricsInfo", "UVAOffloadConfig", "VllmConfig",
+        "SpeechToTextParams", "SupportsMetricsInfo", "UVAOffloadConfig",
         "WatermarkConfig", "WeightTransferConfig", "config", "get_attr_docs",
         "get_cached_compilation_config", "get_current_vllm_config",
         "get_current_vllm_config_or_none", "get_layers_from_vllm_config", "is_init_field",

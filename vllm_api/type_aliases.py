@@ -1,7 +1,8 @@
 """vLLM's type aliases that scripts import for annotations and checks: the engine-argument
 literals of ``vllm.config.model`` (``LogprobsMode`` and its kin) and the logprob shapes of
 ``vllm.logprobs``. Each is the set of values this engine accepts for that argument. And
-``vllm.utils.random_uuid``, which async clients import for request ids."""
+``vllm.utils.random_uuid``, which async clients import for request ids; ``ExternalBlockHash``,
+the type of a block hash in KV cache events (an int here; bytes under vLLM's sha256)."""
 from __future__ import annotations
 
 import uuid
@@ -19,6 +20,7 @@ HfOverrides = Union[dict[str, Any], Callable[[Any], Any]]
 LogprobsOnePosition = dict[int, Logprob]
 SampleLogprobs = list[LogprobsOnePosition]
 PromptLogprobs = list[Union[LogprobsOnePosition, None]]
+ExternalBlockHash = Union[bytes, int]
 
 
 def random_uuid() -> str:

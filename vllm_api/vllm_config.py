@@ -5,7 +5,8 @@ means (engine_args.py): ``CompilationConfig`` / ``CompilationMode`` / ``CUDAGrap
 neutral (the engine is always eager), ``StructuredOutputsConfig`` is neutral (structured
 outputs are refused per request), ``SpeculativeConfig``, ``KVTransferConfig`` and
 ``PoolerConfig`` are refused at start-up with the reason, ``ProfilerConfig`` sets where
-``LLM.start_profile`` writes its trace.
+``LLM.start_profile`` writes its trace. ``VllmConfig`` constructs; building an engine from
+it (``from_vllm_config``) is refused: pass engine arguments.
 """
 from __future__ import annotations
 
@@ -63,6 +64,11 @@ class KVTransferConfig(_Options):
 
 class PoolerConfig(_Options):
     """Refused at start-up: generative models only."""
+
+
+class VllmConfig(_Options):
+    """vLLM's whole-engine config: constructs; ``from_vllm_config`` refuses it (engine
+    arguments build this engine)."""
 
 
 class ProfilerConfig(_Options):
