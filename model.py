@@ -558,12 +558,13 @@ class CausalLM(nn.Module):
 
 # ----------------------------------------------------------------------------- loading
 
-def load_model(path: str | Path, dtype: str | torch.dtype | None, device: torch.device) -> CausalLM:
+def load_model(path: str | Path, dtype: str | torch.dtype | None, device: torch.device,
+               trust_remote_code: bool = False) -> CausalLM:
     """Build the model from a local Hugging Face checkpoint directory."""
     from transformers import AutoConfig
 
     path = _checkpoint_dir(path)
-    hf_config = AutoConfig.from_pretrained(path)
+    hf_config = hf_from_pretrained(AutoConfig, path, trust_remote_code, "the config")
     cfg = ModelConfig.from_hf(hf_config)
     torch_dtype = resolve_dtype(dtype, hf_config, device)
     with torch.device("meta"):
@@ -575,6 +576,20 @@ def load_model(path: str | Path, dtype: str | torch.dtype | None, device: torch.
     model.rope = RotaryEmbedding(cfg.head_dim, cfg.rope_parameters, cfg.max_position_embeddings).to(device)
     _load_weights(model, path, torch_dtype)
     return model.eval()
+
+
+def hf_from_pretrained(auto_class, path, trust_remote_code: bool, what: str):
+    """``auto_class.from_pretrained(path)`` with ``trust_remote_code`` always passed: given
+    False, transformers neither asks on stdin nor runs the checkpoint's own code, and a
+    checkpoint that needs it is refused naming ``what`` needs it."""
+    try:
+        return auto_class.from_pretrained(path, trust_remote_code=bool(trust_remote_code))
+    except ValueError as err:
+        if trust_remote_code or "trust_remote_code" not in str(err):
+            raise
+        raise ValueError(f"{what} of checkpoint {str(path)!r} needs code from the checkpoint "
+                         f"(an auto_map in its JSON files names its own .py), which runs only "
+                         f"with trust_remote_code=True") from None
 
 
 def _checkpoint_dir(path) -> Path:

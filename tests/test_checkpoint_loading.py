@@ -127,3 +127,65 @@ def test_untied_checkpoint_stays_untied_under_hf_overrides(tmp_path):
     prompts = [random_prompt(n, seed=n) for n in (6, 33)]
     outs = llm.generate(prompts, greedy(10), use_tqdm=False)
     GreedyReference(ckpt).compare_all(prompts, outs, 10)
+
+
+# ----------------------------------------------------------------------------- checkpoint code
+
+def with_checkpoint_code(tokenizer_ckpt: str, out: Path, in_file: str) -> Path:
+    """A copy of ``tokenizer_ckpt`` whose ``in_file`` (tokenizer_config.json or config.json)
+    has an auto_map naming the checkpoint's own .py, which writes ``out / "MARKER"`` when run."""
+    shutil.copytree(tokenizer_ckpt, out)
+    (out / "own_code.py").write_text(
+        f"open({str(out / 'MARKER')!r}, 'w').write('the checkpoint code ran')\n"
+        "from transformers import LlamaConfig, PreTrainedTokenizerFast\n"
+        "class OwnTokenizer(PreTrainedTokenizerFast):\n    pass\n"
+        "class OwnConfig(LlamaConfig):\n    pass\n")
+    settings = json.loads((out / in_file).read_text())
+    if in_file == "tokenizer_config.json":  # a class transformers lacks: only the code has it
+        settings.update(tokenizer_class="OwnTokenizer",
+                        auto_map={"AutoTokenizer": [None, "own_code.OwnTokenizer"]})
+    else:
+        settings["auto_map"] = {"AutoConfig": "own_code.OwnConfig"}
+    (out / in_file).write_text(json.dumps(settings))
+    return out
+
+
+@pytest.fixture
+def no_stdin(monkeypatch) -> list:
+    """Every prompt transformers would put on stdin, recorded (then refused)."""
+    asked = []
+
+    def refuse(prompt=""):
+        asked.append(prompt)
+        raise EOFError("stdin is closed")
+
+    monkeypatch.setattr("builtins.input", refuse)
+    return asked
+
+
+@pytest.mark.parametrize("trust", [None, False], ids=["unset", "false"])
+def test_tokenizer_code_never_runs_without_trust_remote_code(tokenizer_ckpt, tmp_path, no_stdin,
+                                                             trust):
+    ckpt = with_checkpoint_code(tokenizer_ckpt, tmp_path / "ckpt", "tokenizer_config.json")
+    kwargs = {} if trust is None else dict(trust_remote_code=trust)
+    with pytest.raises(ValueError, match="the tokenizer of checkpoint .* needs code from the "
+                                         "checkpoint .* only with trust_remote_code=True"):
+        make_llm(ckpt, **kwargs)
+    assert no_stdin == [] and not (ckpt / "MARKER").exists()
+
+
+def test_config_code_never_runs_for_a_built_in_model_type(tokenizer_ckpt, tmp_path, no_stdin,
+                                                          reference):
+    ckpt = with_checkpoint_code(tokenizer_ckpt, tmp_path / "ckpt", "config.json")
+    llm = make_llm(ckpt, hf_overrides={"max_position_embeddings": 256})  # both config reads
+    prompts = [random_prompt(n, seed=n) for n in (7, 40)]
+    reference.compare_all(prompts, llm.generate(prompts, greedy(8), use_tqdm=False), 8)
+    assert no_stdin == [] and not (ckpt / "MARKER").exists()
+
+
+def test_trust_remote_code_true_is_passed_through(tokenizer_ckpt, tmp_path, no_stdin):
+    """As in vLLM, the caller's True lets the checkpoint's tokenizer code run."""
+    ckpt = with_checkpoint_code(tokenizer_ckpt, tmp_path / "ckpt", "tokenizer_config.json")
+    llm = make_llm(ckpt, trust_remote_code=True)
+    assert type(llm.get_tokenizer()).__name__ == "OwnTokenizer"
+    assert (ckpt / "MARKER").read_text() == "the checkpoint code ran" and no_stdin == []

@@ -64,7 +64,7 @@ def hf_logits(model_dir: str, ids: tuple[int, ...], dtype: torch.dtype) -> torch
     float32 reference serves every comparison)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, trust_remote_code=False).eval()
     with torch.no_grad():
         return model(torch.tensor([ids])).logits[0].float()
 

@@ -12,18 +12,20 @@ import json
 import os
 from pathlib import Path
 
+from model import hf_from_pretrained
 from vllm_api.intake import TokensPrompt
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 TEMPLATE_MARKERS = ("{", "}", "\n")  # what a template that uses the conversation contains
 
 
-def load_tokenizer(path: Path):
-    """The checkpoint's tokenizer, or None when the directory holds no tokenizer files."""
+def load_tokenizer(path: Path, trust_remote_code: bool = False):
+    """The checkpoint's tokenizer, or None when the directory holds no tokenizer files. Its
+    own code (an ``auto_map`` in tokenizer_config.json) runs only with ``trust_remote_code``."""
     if not any((path / n).is_file() for n in TOKENIZER_FILES):
         return None
     from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(path)
+    return hf_from_pretrained(AutoTokenizer, path, trust_remote_code, "the tokenizer")
 
 
 def check_tokenizer_dir(tokenizer: str | os.PathLike) -> None:

@@ -54,6 +54,7 @@ class EngineConfig:
     kv_events_config: object = None         # KVEventsConfig / dict: publish cache events (kv_events.py)
     hf_overrides: object = None             # dict or callable applied to the HF config (loading.py)
     load_format: str = "auto"               # "auto" / "safetensors": the weights; "dummy": random
+    trust_remote_code: bool = False         # to every transformers call: False runs no checkpoint code
 
     def __post_init__(self) -> None:
         self._fill_defaults_for_none()

@@ -7,7 +7,7 @@ runs unchanged. Each name is one of:
 - ours: a field of ``EngineConfig`` (``block_size``, ``max_model_len``, ``seed``, ...);
 - renamed: vLLM's name for one of ours (``kv_cache_memory_bytes`` -> ``kv_cache_memory``);
 - neutral: it changes nothing in a single-process pure-PyTorch engine on one device
-  (``trust_remote_code``, ``tensor_parallel_size=1``, ...), accepted for
+  (``tensor_parallel_size=1``, ``revision``, ...), accepted for
   any value or only for its neutral values;
 - unsupported: what this engine truly cannot do (tensor parallelism > 1, LoRA, quantized
   weights, ...): accepted at its default only, otherwise a ``ValueError`` that says why.
@@ -68,7 +68,6 @@ NEUTRAL = {
     "cudagraph_capture_sizes": Neutral("the engine uses no CUDA graphs"),
     "max_cudagraph_capture_size": Neutral("the engine uses no CUDA graphs"),
     "max_seq_len_to_capture": Neutral("the engine uses no CUDA graphs"),
-    "trust_remote_code": Neutral("only the built-in architectures load; no checkpoint code runs"),
     "disable_log_stats": Neutral("the engine logs no statistics; LLM.stats() has them"),
     "revision": Neutral("checkpoints are local directories: no revision to choose"),
     "tokenizer_revision": Neutral("checkpoints are local directories: no revision to choose"),

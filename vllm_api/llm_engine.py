@@ -60,10 +60,12 @@ class LLMEngine(LLMExtras):
                                                            EngineConfig.__dataclass_fields__))
         self.device = torch.device(self.config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.model_path = Path(model)
+        trust = self.config.trust_remote_code  # False: no code of the checkpoint runs
         loaded = load_checkpoint(self.model_path, self.config.dtype, self.device,
-                                 self.config.hf_overrides, self.config.load_format, self.config.seed)
+                                 self.config.hf_overrides, self.config.load_format, self.config.seed,
+                                 trust)
         self.tokenizer = (None if self.config.skip_tokenizer_init
-                          else load_tokenizer(Path(self.config.tokenizer or model)))
+                          else load_tokenizer(Path(self.config.tokenizer or model), trust))
         self.generation_config = generation_config(self.model_path, self.config.generation_config,
                                                    self.config.override_generation_config)
         self.eos_token_ids = set(eos_token_ids(self.model_path, loaded.config))

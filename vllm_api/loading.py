@@ -4,6 +4,8 @@
   a dict field such as ``rope_parameters``), or a callable that takes the config and returns
   it, applied before the model is built -- vLLM's context-extension example sets rope scaling
   and ``max_position_embeddings`` so; its tests shrink ``num_hidden_layers``.
+* ``trust_remote_code``: passed to every transformers call (False by default, so no code of
+  the checkpoint runs and transformers never asks on stdin).
 * ``load_format="dummy"``: random weights of the checkpoint's shapes, from its config.json
   alone (no weight file is read), seeded by the engine's seed -- what vLLM's own tests and
   benchmarks use.
@@ -19,28 +21,29 @@ from pathlib import Path
 
 import torch
 
-from model import CausalLM, ModelConfig, RotaryEmbedding, load_model, resolve_dtype
+from model import CausalLM, ModelConfig, RotaryEmbedding, hf_from_pretrained, load_model, resolve_dtype
 
 
 def load_checkpoint(path: Path, dtype, device: torch.device, hf_overrides=None,
-                    load_format: str = "auto", seed: int | None = 0) -> CausalLM:
+                    load_format: str = "auto", seed: int | None = 0,
+                    trust_remote_code: bool = False) -> CausalLM:
     """The model of the checkpoint at ``path``, as the engine arguments ask."""
     if hf_overrides is None and load_format != "dummy":
-        return load_model(path, dtype, device)
-    hf_config = overridden_config(path, hf_overrides)
+        return load_model(path, dtype, device, trust_remote_code)
+    hf_config = overridden_config(path, hf_overrides, trust_remote_code)
     torch_dtype = resolve_dtype(dtype, hf_config, device)
     if load_format == "dummy":
         return dummy_model(ModelConfig.from_hf(hf_config), torch_dtype, device, seed)
-    return rebuild(load_model(path, dtype, device), ModelConfig.from_hf(hf_config))
+    return rebuild(load_model(path, dtype, device, trust_remote_code), ModelConfig.from_hf(hf_config))
 
 
-def overridden_config(path: Path, hf_overrides):
+def overridden_config(path: Path, hf_overrides, trust_remote_code: bool = False):
     """The checkpoint's Hugging Face config with ``hf_overrides`` applied."""
     from transformers import AutoConfig
 
     if not (Path(path) / "config.json").is_file():
         raise FileNotFoundError(f"checkpoint directory {str(path)!r} has no config.json")
-    hf_config = AutoConfig.from_pretrained(path)
+    hf_config = hf_from_pretrained(AutoConfig, path, trust_remote_code, "the config")
     if callable(hf_overrides):
         hf_config = hf_overrides(hf_config)
     elif hf_overrides:
