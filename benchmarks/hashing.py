@@ -84,7 +84,7 @@ def hf_matcher(model_dir: str):
     from transformers import AutoConfig
     from transformers.generation.continuous_batching.cache_allocators import (
         FullAttentionCacheAllocator)
-    cfg = AutoConfig.from_pretrained(model_dir)
+    cfg = AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
     return FullAttentionCacheAllocator(
         index=0, config=cfg, num_key_value_heads=cfg.num_key_value_heads,
         cache_dtype=torch.float32, page_size=BLOCK,

@@ -135,7 +135,7 @@ HF_ATTENTION = "sdpa"  # named, so each HF peer's settings can say which attenti
 
 def load_hf(model_dir: str, dtype: torch.dtype, device: torch.device):
     from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype,
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, trust_remote_code=False,
                                                  attn_implementation=HF_ATTENTION).to(device)
     return model.eval()
 
