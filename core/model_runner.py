@@ -77,11 +77,13 @@ class ModelRunner:
         self.backend, self.kv_cache, self.sampler = backend, kv_cache, sampler
         self.model, self.device = backend.model, backend.model.device
         self.weights = WeightVersions(self.model)
+        self._weights_new = False  # changed since the last step that ran to its end
 
     def weights_changed(self) -> bool:
-        """Whether a parameter changed (in place, reassigned, loaded) since the last forward:
-        K/V computed before is then not this model's any more."""
-        return self.weights.changed()
+        """Whether a parameter changed (in place, reassigned, loaded) since the last step
+        that ran to its end: K/V computed before is then not this model's any more."""
+        self._weights_new = self._weights_new or self.weights.changed()
+        return self._weights_new
 
     @property
     def block_size(self) -> int:
@@ -94,7 +96,11 @@ class ModelRunner:
         sampled = [state_of(c.seq) for c in chunks if c.completes_sequence]
         sample = self.sampler(logits if plan.samples_every_row else logits[plan.sample_rows],
                               sampled)
-        return StepResult(sampled, sample, self._prompt_logprobs(logits, plan))
+        result = StepResult(sampled, sample, self._prompt_logprobs(logits, plan))
+        if self._weights_new:  # only now: a step that raised leaves the change to be seen again
+            self.weights.note()
+            self._weights_new = False
+        return result
 
     def _forward(self, chunks: list[ScheduledChunk], logits_index: list[int]) -> torch.Tensor:
         seq_chunks = [SeqChunk(c.seq.num_computed_tokens, c.num_tokens, c.seq.block_table)
@@ -102,8 +108,6 @@ class ModelRunner:
         input_ids = np.concatenate([c.seq.tokens[s.start:s.start + s.length]
                                     for c, s in zip(chunks, seq_chunks)])
         self.backend.before_step()
-        if self.weights.changed():
-            self.weights.note()
         plan = self.backend.plan(seq_chunks, self.block_size)
         return self.backend.forward(torch.from_numpy(input_ids).to(self.device), plan, self.kv_cache,
                                     torch.tensor(logits_index, dtype=torch.long, device=self.device))

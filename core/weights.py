@@ -12,6 +12,8 @@ the answer is yes (K/V computed under the old weights is never served); the mode
 """
 from __future__ import annotations
 
+import operator
+
 from torch import nn
 
 
@@ -19,25 +21,24 @@ class WeightVersions:
     """The model's parameters as the last forward saw them."""
 
     def __init__(self, model: nn.Module) -> None:
-        # (module, name) pairs: a reassigned parameter is found without walking the tree.
-        self._slots = [(module, name) for module in model.modules()
-                       for name in module._parameters]
-        self._seen = self._look()
+        # Each module's own parameter dict and a name in it: a reassigned parameter is found
+        # without walking the module tree again.
+        self._slots = [(module._parameters, name) for module in model.modules()
+                       for name, p in module._parameters.items() if p is not None]
+        self.note()
 
-    def _look(self) -> list:
-        """Per slot: the parameter (held, so its id is never reused), its storage, its version."""
-        params = [module._parameters[name] for module, name in self._slots]
-        return [(p, None if p is None else p.data_ptr(), None if p is None else p._version)
-                for p in params]
+    def _params(self) -> list:
+        return [params[name] for params, name in self._slots]
 
     def changed(self) -> bool:
         """True if any parameter differs from what the last ``note()`` saw."""
-        for (module, name), (p, ptr, version) in zip(self._slots, self._seen):
-            now = module._parameters[name]
-            if now is not p or (p is not None and (p._version != version or p.data_ptr() != ptr)):
-                return True
-        return False
+        params = self._params()
+        return (any(map(operator.is_not, params, self._seen)) or [p._version for p in params] != self._versions
+                or [p.data_ptr() for p in params] != self._storages)
 
     def note(self) -> None:
-        """Remember the parameters as they are now (a forward computes with them)."""
-        self._seen = self._look()
+        """Remember the parameters as they are now (a forward computes with them); held, so an
+        id is never reused."""
+        self._seen = self._params()
+        self._versions = [p._version for p in self._seen]
+        self._storages = [p.data_ptr() for p in self._seen]
