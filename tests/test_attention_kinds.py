@@ -59,9 +59,10 @@ def random_step(chunks: list[SeqChunk], seed: int, head_dim: int = DIM, dtype: t
 
 
 def run_batch(chunks: list[SeqChunk], windows: set, seed: int = 0, routes: Routes | None = None):
-    """The fast kinds' plan for the step (``routes`` None: as probed on this machine), checked
-    equal to the plain path for every window."""
+    """The fast kinds' plan for the step (``routes`` None: the PyTorch kinds as probed on this
+    machine, no compiled kernel), checked equal to the plain path for every window."""
     q, k, v, pool_k, pool_v, meta = random_step(chunks, seed)
+    routes = routes or Routes.probe(CPU, torch.float32)
     plan = FastAttention(windows, HEADS // KV_HEADS, torch.float32, CPU, routes).plan(chunks, BLOCK)
     torch.testing.assert_close(plan.positions, meta.positions, rtol=0, atol=0)
     torch.testing.assert_close(plan.slot_mapping, meta.slot_mapping, rtol=0, atol=0)

@@ -295,8 +295,10 @@ def test_decode_attends_shared_prefix_once_for_the_batch(llama_dir, reference, m
     their tokens stay HF's."""
     from fast import attention
 
+    llm = make_llm(llama_dir, block_size=8, enforce_eager=enforce_eager)
+    backend = llm.llm_engine.engine_core.model_runner.backend
     calls = []
-    if enforce_eager:
+    if backend.paths.routes.shared_decode_kernel is None:  # enforce_eager, or a build without AVX-512
         real = attention.shared_prefix_decode
         monkeypatch.setattr(attention, "shared_prefix_decode", lambda *a: calls.append(a[3].batch) or real(*a))
     else:
@@ -305,7 +307,6 @@ def test_decode_attends_shared_prefix_once_for_the_batch(llama_dir, reference, m
                             lambda self, *a: calls.append(self.rows.numel()) or real(self, *a))
     prefix = random_prompt(48, seed=90)
     prompts = [prefix + random_prompt(3 + 4 * i, seed=91 + i) for i in range(5)]
-    llm = make_llm(llama_dir, block_size=8, enforce_eager=enforce_eager)
     llm.generate([prefix + [5]], greedy(1), use_tqdm=False)  # cache it
     outs = llm.generate(prompts, greedy(12), use_tqdm=False)
     assert calls and max(calls) == 5

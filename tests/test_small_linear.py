@@ -3,13 +3,15 @@ sequences use: as close to the float32 product as bfloat16's own linear is, with
 bias, a fused silu(gate) * up, widths with a tail, and the packed linears' dispatch by rows."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from fast.kernels import compiled_kernels
 from fast.linear import SMALL_ROWS, PackedLinear, PackedSiluMLP
+from model import MLP, Linear
 
 
 @pytest.fixture(scope="module")
@@ -70,14 +72,14 @@ def test_packed_layers_take_the_small_linear_for_a_few_rows_only(small):
         calls.append(args[0].shape[0])
         return small(*args)
     torch.manual_seed(0)
-    linear = nn.Linear(64, 48).bfloat16()
-    mlp = nn.Module()
-    mlp.hidden_act, mlp.gate_up_proj, mlp.down_proj = "silu", nn.Linear(64, 96).bfloat16(), nn.Linear(48, 64).bfloat16()
-    packed, packed_mlp = PackedLinear(linear, counted), PackedSiluMLP(mlp, counted)
+    linear = Linear(64, 48).bfloat16()
+    mlp = MLP(SimpleNamespace(hidden_act="silu", hidden_size=64, intermediate_size=48, mlp_bias=True)).bfloat16()
+    linear.replacement, mlp.replacement = PackedLinear(counted), PackedSiluMLP(counted)
+    mlp.down_proj.replacement = PackedLinear(counted)
     for rows in (1, SMALL_ROWS, SMALL_ROWS + 1, 16):
         x = torch.randn(rows, 64).bfloat16()
         with torch.inference_mode():
-            got, got_mlp = packed(x), packed_mlp(x)
+            got, got_mlp = linear(x), mlp(x)
             gate, up = F.linear(x.float(), mlp.gate_up_proj.weight.float(), mlp.gate_up_proj.bias.float()).chunk(2, -1)
             want_mlp = F.linear(F.silu(gate) * up, mlp.down_proj.weight.float(), mlp.down_proj.bias.float())
         torch.testing.assert_close(got.float(), F.linear(x.float(), linear.weight.float(), linear.bias.float()),

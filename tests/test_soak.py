@@ -44,7 +44,8 @@ def test_soak_2000_requests(llama_dir, reference):
         return prompt, int(rng.integers(1, 5))
 
     results = []        # (prompt, max_tokens, output)
-    soak_ids = set()
+    # Sequences other tests left alive, held so that their ids stay theirs during the soak.
+    others = [x for x in gc.get_objects() if type(x) is Sequence]
     watched = []        # weakrefs to some Sequences
     aborted = 0
     steps = 0
@@ -74,13 +75,11 @@ def test_soak_2000_requests(llama_dir, reference):
                                 [greedy(n) for _, n in reqs], use_tqdm=False)
             for (p, n), o in zip(reqs, outs):
                 results.append((p, n, o))
-                soak_ids.add(int(o.request_id))
             submitted += wave
             continue
         for _ in range(wave):
             p, n = make_request()
             rid = llm.add_request(p, greedy(n))
-            soak_ids.add(int(rid))
             pending[rid] = (p, n)
             if len(watched) < 200 and rng.random() < 0.2:
                 watched.append(weakref.ref(sequence_of(llm, rid)))
@@ -119,7 +118,8 @@ def test_soak_2000_requests(llama_dir, reference):
     o = outs = reqs = None  # drop the test's own references to outputs
     end_census = _census()
     assert sum(r() is not None for r in watched) == 0, "finished Sequences are still referenced"
-    alive = [x for x in gc.get_objects() if type(x) is Sequence and int(x.request_id) in soak_ids]
+    earlier = {id(x) for x in others}
+    alive = [x for x in gc.get_objects() if type(x) is Sequence and id(x) not in earlier]
     assert not alive, f"{len(alive)} finished Sequences still alive, e.g. {alive[:3]}"
     grown = {k: (mid_census.get(k, 0), v) for k, v in end_census.items() if v > mid_census.get(k, 0)}
     assert not grown, f"engine objects grew between the idle midpoint and the end: {grown}"

@@ -16,7 +16,8 @@ import xxhash
 import track
 from prefix_cache import PrefixCache, PrefixMatch
 from track import CHAPTER_METHODS, STEPS, TrackError, implementation, load_class
-from track.checks import Chain, oracle, run_step, scenarios_of
+from track.checks import Chain, oracle, scenarios_of
+from track.runner import run_step
 
 ROOT = Path(__file__).resolve().parent.parent
 NUMBERS = [s.number for s in STEPS]

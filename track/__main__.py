@@ -26,7 +26,7 @@ def print_steps() -> None:
 
 def check(number: int, impl: str, only: bool) -> int:
     """Run step ``number``'s scenarios; print one line per scenario; 0 if all passed."""
-    from track.checks import run_step  # the engine's modules: only when checking
+    from track.runner import run_step  # the engine's modules: only when checking
 
     s = step(number)
     cls = implementation(load_class(impl), number, only)

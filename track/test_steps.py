@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from track import TrackError, implementation, load_class
-from track.checks import SCENARIOS, Scenario, run_scenario
+from track.runner import SCENARIOS, Scenario, run_scenario
 
 torch.set_num_threads(1)  # the demo model on a shared CPU: one thread is fastest
 

@@ -1,0 +1,56 @@
+"""Running the track's scenarios: every step's, those of track/checks.py and of
+track/collisions.py, on a class, each compared with the engine's own observations (the oracle).
+
+A ``Result`` is what one scenario found: what differed, or what the learner's code raised,
+and the rule the scenario checks.
+"""
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from prefix_cache import PrefixCache
+from track import collisions  # noqa: F401 -- registers the collision scenarios of steps 4 and 5
+from track.checks import SCENARIOS, Scenario, differences, oracle, scenarios_of
+
+__all__ = ["SCENARIOS", "Result", "Scenario", "run_scenario", "run_step"]
+
+
+@dataclass
+class Result:
+    scenario: str
+    ok: bool
+    problems: list[str]  # what differed, or what your code raised
+    rule: str = ""       # the rule the scenario checks (shown with a failure)
+
+    def message(self) -> str:
+        """The failure as the learner reads it: what differed, then the rule it breaks."""
+        lines = list(self.problems) + ([f"the rule: {self.rule}"] if self.rule and not self.ok else [])
+        return "\n".join(lines)
+
+
+def run_scenario(s: Scenario, cls: type[PrefixCache]) -> Result:
+    try:
+        got = s.script(cls)
+    except Exception as exc:  # noqa: BLE001 -- the learner's code may raise anything: report it
+        unwritten = isinstance(exc, NotImplementedError)  # a step not written yet: no rule broken
+        return Result(s.name, False, [raised(exc)], "" if unwritten else s.rule)
+    problems = differences(got, oracle(s.script))  # the oracle only when there is something to compare
+    return Result(s.name, not problems, problems, s.rule)
+
+
+HARNESS = ("checks.py", "collisions.py", "runner.py", "test_steps.py", "conftest.py")  # the track's own files
+
+
+def raised(exc: Exception) -> str:
+    """What the learner's code raised, and where in the track (not the engine's frames)."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "/track/" in f.filename
+              and not f.filename.endswith(HARNESS)]
+    where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno}, in {frames[-1].name})" if frames else ""
+    return f"your code raised {type(exc).__name__}: {exc}{where}"
+
+
+def run_step(number: int, cls: type[PrefixCache], with_model: bool = True) -> list[Result]:
+    """Every scenario of step ``number`` on ``cls`` (already composed, see track.implementation)."""
+    return [run_scenario(s, cls) for s in scenarios_of(number) if with_model or not s.needs_model]
