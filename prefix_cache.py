@@ -10,7 +10,7 @@ lookups and saves reuse those hashes instead of rebuilding the chain.
 Read top to bottom; the chapter's names are kept verbatim (hence their leading underscores):
 
 1. ``_chain_hash``               one block's hash, seeded with its parent's
-2. the chapter's change, both columns side by side: ``_chain_for_lookup`` and
+2. what the chapter changes, both columns side by side: ``_chain_for_lookup`` and
    ``_hash_for_save`` (the only places that ask which strategy runs), then
    ``_precompute_block_hashes`` (extend a sequence's chain, each block once) and the
    "before"'s ``_rebuild_chain`` / ``_rehash_block``

@@ -125,12 +125,12 @@ class UnsaltedRebuild(Written):
 
 
 def save(self, seq, index, block, parent, *, verify=True, pop="always", orphans=False,
-         overwrite=False, salt=True):
+         overwrite=False, salt=True, twin_by_tokens=False):
     """The reference's _save_prefix_cache with one of its rules switched off."""
     if block.block_hash is not None or (not orphans and parent is not None and parent.block_hash is None):
         return None
     h = self._hash_for_save(seq, index, parent)
-    if pop == "always":
+    if pop == "always" or (pop == "own" and self._in_flight.get(h) is seq):
         self._in_flight.pop(h, None)
     existing, parents = self._prefix_cache.get(h), [parent] if parent else []
     if existing is None or (overwrite and not self._holds(existing, seq, index, parents)):
@@ -140,6 +140,8 @@ def save(self, seq, index, block, parent, *, verify=True, pop="always", orphans=
                            parent.lifetime if parent else None, seq.cache_salt if salt else None)
         self._prefix_cache[h] = block
         return None
+    if twin_by_tokens:
+        return existing if existing.token_bytes == seq.block_bytes(index, self.block_size) else None
     return existing if not verify or self._holds(existing, seq, index, parents) else None
 
 
@@ -171,10 +173,22 @@ class SaltDropped(Written):
     _save_prefix_cache = saver(salt=False)
 
 
-def prefill(self, seq, start, end, *, twin_parent=True, chunk_parent=True):
+class TwinByTokens(Written):  # W3, half: a twin holds the tokens, whatever its parent and salt
+    _save_prefix_cache = saver(twin_by_tokens=True)
+
+
+class InFlightOwnMarkOnly(Written):  # W1, another half: only the saving sequence's own mark leaves
+    _save_prefix_cache = saver(pop="own")
+
+
+def prefill(self, seq, start, end, *, twin_parent=True, chunk_parent="own"):
     """The reference's _do_prefill_step with one of its rules switched off."""
     bs, blocks, twins = self.block_size, self.block_manager.blocks, []
     parent = blocks[seq.block_table[start // bs - 1]] if start >= bs and chunk_parent else None
+    if chunk_parent == "after block 1" and start == bs:  # off by one: `start > bs`
+        parent = None
+    if chunk_parent == "the map's" and parent is not None and self.hash_strategy == "incremental":
+        parent = self._prefix_cache.get(seq._block_hashes[start // bs - 1], parent)
     for index in range(start // bs, end // bs):
         block = blocks[seq.block_table[index]]
         twin = self._save_prefix_cache(seq, index, block, parent)
@@ -194,6 +208,16 @@ class ParentNoneAtChunkStart(Written):
         return prefill(self, seq, start, end, chunk_parent=False)
 
 
+class ChunkParentOffByOne(Written):
+    def _do_prefill_step(self, seq, start, end):
+        return prefill(self, seq, start, end, chunk_parent="after block 1")
+
+
+class ChunkParentFromTheMap(Written):  # the cached block under the parent's hash, not its own block
+    def _do_prefill_step(self, seq, start, end):
+        return prefill(self, seq, start, end, chunk_parent="the map's")
+
+
 class PastedIncremental(Written):
     """The incremental branch pasted into the recompute one."""
 
@@ -209,14 +233,19 @@ class QueriedLeftOut(Written):
         return PrefixMatch(match.blocks, match.num_cached_tokens, match.chain, match.next_in_flight)
 
 
-def lookup(self, seq, *, wait_at_last=False, wait_on_collision=True):
+def lookup(self, seq, *, wait_at_last=False, wait_on_collision=True, verify="every hit",
+           prompt_only=False):
     """The reference's _lookup_prefix_cache with one of its rules switched off."""
     chain = self._chain_for_lookup(seq)
-    max_blocks = min((seq.num_tokens - 1) // self.block_size, len(chain))
+    tokens = seq.num_prompt_tokens if prompt_only else seq.num_tokens
+    max_blocks = min((tokens - 1) // self.block_size, len(chain))
     blocks, waits = [], wait_on_collision
     while len(blocks) < max_blocks:
-        block = self._prefix_cache.get(chain[len(blocks)])
-        if block is None or not self._holds(block, seq, len(blocks), blocks):
+        block, i = self._prefix_cache.get(chain[len(blocks)]), len(blocks)
+        holds = {"every hit": lambda: self._holds(block, seq, i, blocks),
+                 "block 0": lambda: i > 0 or self._holds(block, seq, i, blocks),
+                 "tokens": lambda: block.token_bytes == seq.block_bytes(i, self.block_size)}[verify]
+        if block is None or not holds():
             waits = waits or block is None
             break
         blocks.append(block)
@@ -240,6 +269,39 @@ class WaitsForTheLastBlock(Written):
 class NoWaitBehindACollision(Written):
     def _lookup_prefix_cache(self, seq):
         return lookup(self, seq, wait_on_collision=False)
+
+
+class VerifiesBlock0Only(Written):
+    def _lookup_prefix_cache(self, seq):
+        return lookup(self, seq, verify="block 0")
+
+
+class HitByTokens(Written):  # a hit holds the tokens, whatever its parent and salt
+    def _lookup_prefix_cache(self, seq):
+        return lookup(self, seq, verify="tokens")
+
+
+class ServesThePromptOnly(Written):  # at most the prompt's blocks, never a generated one
+    def _lookup_prefix_cache(self, seq):
+        return lookup(self, seq, prompt_only=True)
+
+
+class BackwardDeepestHit(Written):
+    """Scans from the deepest block back and verifies only the first hit it meets."""
+
+    def _lookup_prefix_cache(self, seq):
+        chain = self._chain_for_lookup(seq)
+        max_blocks = min((seq.num_tokens - 1) // self.block_size, len(chain))
+        n = 0
+        for i in reversed(range(max_blocks)):
+            block, parent = self._prefix_cache.get(chain[i]), self._prefix_cache.get(chain[i - 1]) if i else None
+            if block is not None and (i == 0 or parent is not None) and self._holds(
+                    block, seq, i, [parent] if i else []):
+                n = i + 1
+                break
+        in_flight = n < max_blocks and self._is_in_flight(seq, n, chain)
+        return PrefixMatch([self._prefix_cache[h] for h in chain[:n]], n * self.block_size, chain,
+                           in_flight, seq.num_tokens)
 
 
 class RecomputeSeedZero(Written):
@@ -293,6 +355,26 @@ MISTAKES = [
      "the block", "next_in_flight of d's lookup: yours False, the engine's True"),
     (RecomputeSeedZero, 5, "a salted prompt seen before, looked up with the same cache_salt, under recompute",
      "the rule: a saved block records the request's cache_salt"),
+    (VerifiesBlock0Only, 3, WEAK + "block 0 seen before, block 1 collides (same hash, other tokens)",
+     "the rule: every hit is verified with _holds, not only the first"),
+    (BackwardDeepestHit, 3, WEAK + "block 0 collides (other tokens), block 1 holds the same tokens as before",
+     "the rule: a prefix is served only if each of its blocks is a verified hit"),
+    (HitByTokens, 3, WEAK + "the same tokens under another cache_salt whose root collides",
+     "cached tokens of d's lookup: yours 32, the engine's 0"),
+    (ServesThePromptOnly, 3, "a Sequence with 21 generated tokens looked up again, after a request with the "
+     "same tokens", "cached tokens of the lookup: yours 512, the engine's 544"),
+    (TwinByTokens, 4, WEAK + "the same tokens under another cache_salt whose root collides, computed without "
+     "reading the cache", "the rule: a twin is a block _holds accepts"),
+    (TwinByTokens, 5, WEAK + "the same tokens under another cache_salt whose root collides, computed without "
+     "reading the cache, under recompute", "blocks of b's table that hold a's tokens: yours [0, 1], the engine's []"),
+    (InFlightOwnMarkOnly, 4, WEAK + "in flight after another's save: a lookup misses on a hash one request marked "
+     "and another saved", "next_in_flight of z's lookup: yours True, the engine's False"),
+    (ChunkParentOffByOne, 4, "a new Sequence after a prefill in 16-token chunks (one block a step) hits every "
+     "full block", "the rule: a block saved at a chunk's start has the block before it as its parent"),
+    (ChunkParentOffByOne, 5, "under recompute: a new Sequence after a prefill in 16-token chunks hits every "
+     "full block", "the rule: at a chunk's start the 'before' chains the block from its parent block's hash"),
+    (ChunkParentFromTheMap, 4, WEAK + "a block after a private one, prefilled one block a step",
+     "the rule: a chunk's first block has the sequence's own block before it as its parent"),
 ]
 
 

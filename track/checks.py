@@ -306,6 +306,18 @@ def in_flight(cls):
     return match_of(cache, new_seq(cache, prompt(), "second"))
 
 
+@scenario(3, "a Sequence with 21 generated tokens looked up again, after a request with the same tokens",
+          rule="a lookup may serve every full block before the sequence's last token, generated tokens' "
+               "blocks too: a preempted request's generated tokens are cached and served like a prompt's")
+def generated_blocks_served(cls):
+    cache = new_cache(cls)
+    run_to_end(scheduler_for(cache), new_seq(cache, prompt() + list(range(21)), "first"))  # 34 blocks
+    seq = new_seq(cache, prompt(), "preempted")
+    for token in range(21):  # sampled before the preemption: the same 548 tokens
+        seq.append_token(token)
+    return match_of(cache, seq)
+
+
 # ------------------------------------------------------------------ step 4: the save during prefill
 
 def entries(cache: PrefixCache) -> list:

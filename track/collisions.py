@@ -34,10 +34,11 @@ def computed_once(cache, scheduler, tokens, name):
     return seq
 
 
-def weak_setup(cls, strategy):
-    """A weak-hash cache in which request "a" (blocks starting 10, 20) was computed and finished."""
+def weak_setup(cls, strategy, budget: int = 2048):
+    """A weak-hash cache in which request "a" (blocks starting 10, 20) was computed and finished;
+    its scheduler computes ``budget`` tokens a step."""
     cache = new_cache(cls, strategy, hash_fn=first_token_hash)
-    scheduler = scheduler_for(cache)
+    scheduler = scheduler_for(cache, budget)
     a = new_seq(cache, weak_tokens(10, 20, fill=1), "a")
     run_to_end(scheduler, a)
     return cache, scheduler
@@ -72,6 +73,43 @@ def orphan_child(cls, strategy):
     return map_of(cache) | {"b's block table after its step": list(b.block_table)}
 
 
+def orphan_child_chunked(cls, strategy):
+    """The same, "b" prefilled one block a step: its block 1 is saved at the start of a chunk."""
+    cache, scheduler = weak_setup(cls, strategy, budget=BLOCK)
+    run_to_end(scheduler, new_seq(cache, weak_tokens(10, 77, fill=2), "b"))
+    return map_of(cache)
+
+
+# Two salts whose roots collide under the weak hash: salt_bytes starts with the same 8 bytes
+SALTS = ("tenant-A-1", "tenant-A-2")
+
+
+def twin_of_another_salt(cls, strategy):
+    """"b" holds a's tokens under another cache_salt (same root under the weak hash) and computes
+    its prompt without reading the cache (as with prompt logprobs): is it switched to a's blocks?"""
+    cache = new_cache(cls, strategy, hash_fn=first_token_hash)
+    scheduler = scheduler_for(cache)
+    run_to_end(scheduler, new_seq(cache, weak_tokens(10, 20, fill=1), "a", SALTS[0]))
+    a_blocks = {b.block_id for b in cache.entries.values()}
+    b = new_seq(cache, weak_tokens(10, 20, fill=1), "b", SALTS[1], reads_prefix_cache=False)
+    scheduler.add(b)
+    scheduler.commit(scheduler.schedule())
+    return {"blocks of b's table that hold a's tokens": sorted(a_blocks.intersection(b.block_table)),
+            "b's block table after its step": list(b.block_table)} | map_of(cache)
+
+
+def marked_then_saved_by_another(cls, strategy):
+    """"y" is admitted (its blocks marked in flight) but computes nothing yet; "x" then saves a
+    block under the hash y's block 1 has (a collision); "z" hits y's block 0, misses on that hash."""
+    cache = new_cache(cls, strategy, hash_fn=first_token_hash)
+    scheduler = scheduler_for(cache)
+    run_to_end(scheduler, new_seq(cache, weak_tokens(12, fill=2), "a"))      # block 0 of y and z
+    y = new_seq(cache, weak_tokens(12, 30, fill=2), "y")
+    cache.mark_in_flight(y, cache.lookup(y))   # admitted, as the scheduler does: block 1 in flight
+    computed_once(cache, scheduler, weak_tokens(5, 37, fill=3), "x")  # block 1: 37 + 5 = 30 + 12
+    return match_of(cache, new_seq(cache, weak_tokens(12, 30, fill=2), "z"), "z's lookup")
+
+
 TWIN_RULE = ("a block cached under the same hash is a twin only if it holds these tokens after this "
              "parent (_holds); otherwise it is a collision: the first block keeps the entry and this "
              "one stays private")
@@ -79,6 +117,12 @@ IN_FLIGHT_RULE = ("once a block's save is decided (saved, twin or collision) its
                   "flight, so a later lookup that misses on that hash never waits for it")
 ORPHAN_RULE = ("a block whose parent is not cached is not saved: no lookup can reach it, "
                "and the 'before' would have no parent hash to chain it from")
+CHUNK_ORPHAN_RULE = ("a chunk's first block has the sequence's own block before it as its parent, "
+                     "cached or not (never the map's block under that hash): a block after one that "
+                     "stayed private is not saved, whichever chunk it is in")
+SALT_TWIN_RULE = ("a twin is a block _holds accepts: the same tokens after the same parent under the "
+                  "same cache_salt; a block of another salt under the same hash is a collision, "
+                  "never shared across salts")
 
 for step, strategy in ((4, "incremental"), (5, "recompute")):
     where = "" if step == 4 else ", under recompute"
@@ -88,19 +132,35 @@ for step, strategy in ((4, "incremental"), (5, "recompute")):
             ("in flight after a save: a lookup misses on a hash another request has saved",
              saved_leaves_in_flight, IN_FLIGHT_RULE),
             ("a block after a private one (its parent collided, so is not cached)", orphan_child,
-             ORPHAN_RULE)):
+             ORPHAN_RULE),
+            ("a block after a private one, prefilled one block a step", orphan_child_chunked,
+             CHUNK_ORPHAN_RULE),
+            ("the same tokens under another cache_salt whose root collides, computed without "
+             "reading the cache", twin_of_another_salt, SALT_TWIN_RULE),
+            ("in flight after another's save: a lookup misses on a hash one request marked and "
+             "another saved", marked_then_saved_by_another, IN_FLIGHT_RULE)):
         scenario(step, f"weak hash_fn: {name}{where}", rule=rule)(
             lambda cls, script=script, strategy=strategy: script(cls, strategy))
 
 
 # ------------------------------------------------------------------ the chunk's start, the salt
 
-@scenario(4, "a new Sequence after a prefill in 100-token chunks hits every full block",
-          rule="a block saved at a chunk's start has the block before it as its parent (a chunk's "
-               "start is not the chain's start): a lookup verifies each hit by its parent's lifetime")
+CHUNK_RULE = ("a block saved at a chunk's start has the block before it as its parent (a chunk's "
+              "start is not the chain's start): a lookup verifies each hit by its parent's lifetime")
+
+
+@scenario(4, "a new Sequence after a prefill in 100-token chunks hits every full block", rule=CHUNK_RULE)
 def chunked_then_hit(cls):
     cache = new_cache(cls)
     run_to_end(scheduler_for(cache, budget=100), new_seq(cache, prompt(), "first"))
+    return match_of(cache, new_seq(cache, prompt(), "second"))
+
+
+@scenario(4, "a new Sequence after a prefill in 16-token chunks (one block a step) hits every full block",
+          rule=CHUNK_RULE + "; the second chunk starts at block 1, whose parent is block 0")
+def block_chunked_then_hit(cls):
+    cache = new_cache(cls)
+    run_to_end(scheduler_for(cache, budget=BLOCK), new_seq(cache, prompt(), "first"))
     return match_of(cache, new_seq(cache, prompt(), "second"))
 
 
@@ -141,6 +201,42 @@ def last_block_in_flight(cls):
     scheduler.add(new_seq(cache, prompt()[:32 * BLOCK], "first"))
     scheduler.commit(scheduler.schedule())
     return match_of(cache, new_seq(cache, prompt()[:32 * BLOCK], "second"))
+
+
+@scenario(3, "weak hash_fn: block 0 seen before, block 1 collides (same hash, other tokens)",
+          rule="every hit is verified with _holds, not only the first: a later block can collide under "
+               "the chain's hash as well as block 0 can")
+def later_block_collides(cls):
+    cache, _ = weak_setup(cls, "incremental")
+    tokens = weak_tokens(10, 20, fill=1)[:BLOCK] + weak_tokens(20, fill=9)
+    return match_of(cache, new_seq(cache, tokens, "d"), "d's lookup")
+
+
+@scenario(3, "weak hash_fn: block 0 collides (other tokens), block 1 holds the same tokens as before",
+          rule="a prefix is served only if each of its blocks is a verified hit, from block 0 on: the "
+               "lookup stops at the first block that fails _holds, whatever comes after it")
+def first_block_collides(cls):
+    cache, _ = weak_setup(cls, "incremental")
+    tokens = [10] + [9] * (BLOCK - 1) + weak_tokens(20, fill=1)
+    return match_of(cache, new_seq(cache, tokens, "d"), "d's lookup")
+
+
+@scenario(3, "weak hash_fn: the same tokens under another cache_salt whose root collides",
+          rule="a hit holds this sequence's tokens after the same parent under the same cache_salt "
+               "(_holds): the tokens alone do not make a hit")
+def salts_collide(cls):
+    cache = new_cache(cls, hash_fn=first_token_hash)
+    run_to_end(scheduler_for(cache), new_seq(cache, weak_tokens(10, 20, fill=1), "a", SALTS[0]))
+    return match_of(cache, new_seq(cache, weak_tokens(10, 20, fill=1), "d", SALTS[1]), "d's lookup")
+
+
+@scenario(5, "under recompute: a new Sequence after a prefill in 16-token chunks hits every full block",
+          rule="at a chunk's start the 'before' chains the block from its parent block's hash, "
+               "never from the chain's seed; the second chunk starts at block 1, whose parent is block 0")
+def recompute_block_chunked_then_hit(cls):
+    cache = new_cache(cls, "recompute")
+    run_to_end(scheduler_for(cache, budget=BLOCK), new_seq(cache, prompt(), "first"))
+    return match_of(cache, new_seq(cache, prompt(), "second"))
 
 
 @scenario(5, "a prompt sharing the first 300 tokens of one seen before, under recompute",
