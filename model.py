@@ -13,7 +13,7 @@ norms, MLPs, each head's norm + RoPE) its own way, on this model's own parameter
 equal to this path.
 
 Reading order: config -> RoPE -> the backend seam -> norm -> paged attention -> MLP -> layer ->
-model -> loading.
+model -> loading -> 8-bit weights.
 """
 from __future__ import annotations
 
@@ -509,11 +509,16 @@ class CausalLM(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self.embed_tokens.weight.device
+        return self.norm.weight.device
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.embed_tokens.weight.dtype
+        """The activations' dtype (the norms'; an 8-bit model's weights are int8)."""
+        return self.norm.weight.dtype
+
+    @property
+    def quantization(self) -> str | None:
+        return "int8" if isinstance(self.embed_tokens, Int8Embedding) else None
 
     def replaceable_parts(self) -> Iterator[tuple[str, Replaceable]]:
         """(name, part) of every part a backend may replace (the seam above)."""
@@ -536,9 +541,21 @@ class CausalLM(nn.Module):
         targets = [_weight_target(self, params, name, tensor, "load_weights")
                    for name, tensor in weights if not self._skips_weight(name)]
         with torch.no_grad():
-            for target, tensor, _ in targets:
+            for target, tensor, (name, index) in targets:
+                if target.dtype == torch.int8 and tensor.is_floating_point():  # an 8-bit weight
+                    target, tensor = self._quantized_into(params, target, tensor, name, index)
                 target.copy_(tensor.to(device=target.device, dtype=target.dtype))
         return {param_name for _, _, (param_name, _) in targets}
+
+    def _quantized_into(self, params: dict, target, tensor, name: str, index: int | None):
+        """A float tensor for an int8 weight: its rows' scales stored, its int8 values returned."""
+        values, scale = quantize_rows(tensor)
+        scales = params[name + "_scale"]
+        if index is not None:
+            start, size = _fused_slice(self, name.split(".")[-2], index)
+            scales = scales[start:start + size]
+        scales.copy_(scale)
+        return target, values
 
     def _skips_weight(self, name: str) -> bool:
         """Rotary tables (recomputed) and, as vLLM, a tied model's lm_head (the embedding's)."""
@@ -559,9 +576,12 @@ class CausalLM(nn.Module):
 # ----------------------------------------------------------------------------- loading
 
 def load_model(path: str | Path, dtype: str | torch.dtype | None, device: torch.device,
-               trust_remote_code: bool = False) -> CausalLM:
-    """Build the model from a local Hugging Face checkpoint directory."""
+               trust_remote_code: bool = False, quantization: str | None = None) -> CausalLM:
+    """Build the model from a local Hugging Face checkpoint directory; ``quantization="int8"``
+    quantizes its float weights as they load (8-bit weights, above)."""
     from transformers import AutoConfig
+
+    check_quantization(quantization)
 
     path = _checkpoint_dir(path)
     hf_config = hf_from_pretrained(AutoConfig, path, trust_remote_code, "the config")
@@ -575,7 +595,7 @@ def load_model(path: str | Path, dtype: str | torch.dtype | None, device: torch.
     # Buffers (RoPE tables) were on meta: rebuild them for real, kept in float32.
     model.rope = RotaryEmbedding(cfg.head_dim, cfg.rope_parameters, cfg.max_position_embeddings).to(device)
     _load_weights(model, path, torch_dtype)
-    return model.eval()
+    return quantized(model, quantization)
 
 
 def hf_from_pretrained(auto_class, path, trust_remote_code: bool, what: str):
@@ -783,3 +803,84 @@ def _fused_slice(model: CausalLM, fused: str, index: int) -> tuple[int, int]:
         return index * cfg.intermediate_size, cfg.intermediate_size
     q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     return ((0, q), (q, kv), (q + kv, kv))[index]
+
+
+# ----------------------------------------------------------------------------- 8-bit weights
+# ``quantization="int8"``: after loading, every linear (the LM head too) and the embedding keep
+# their weight as int8, one float32 scale per output row (symmetric: the row's largest |value|
+# maps to 127). That halves the bytes a decode step streams. Activations stay in the model's
+# dtype: here a weight is dequantized to it and the layer computes as before; a backend may
+# compute from the int8 values directly (same parameters, the seam above).
+
+QUANTIZATIONS = ("int8",)
+
+
+def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 per output row: (values in [-127, 127], float32 scales), value * scale
+    within half a scale of the weight."""
+    w = weight.detach().float()
+    scale = w.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127
+    return torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8), scale
+
+
+def dequantize_rows(weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The weight an int8 part computes with: value * scale in float32, rounded once to ``dtype``."""
+    return (weight.float() * scale[:, None].float()).to(dtype)
+
+
+class Int8Linear(Replaceable, kind="int8_linear"):
+    """A linear with an int8 ``weight`` [out, in] and float32 ``weight_scale`` [out] (vLLM's
+    names for a quantized linear's parameters)."""
+
+    def __init__(self, weight: nn.Parameter, weight_scale: nn.Parameter, bias: nn.Parameter | None) -> None:
+        super().__init__()
+        self.weight, self.weight_scale, self.bias = weight, weight_scale, bias
+        self.out_features, self.in_features = weight.shape
+
+    @classmethod
+    def of(cls, linear: nn.Linear) -> Int8Linear:
+        values, scale = quantize_rows(linear.weight)
+        return cls(nn.Parameter(values, requires_grad=False), nn.Parameter(scale, requires_grad=False),
+                   linear.bias)
+
+    def compute(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, dequantize_rows(self.weight, self.weight_scale, x.dtype), self.bias)
+
+
+class Int8Embedding(nn.Module):
+    """The token embedding as int8 rows and a scale per row (a tied LM head shares both)."""
+
+    def __init__(self, weight: nn.Parameter, weight_scale: nn.Parameter, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight, self.weight_scale, self.dtype = weight, weight_scale, dtype
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return dequantize_rows(self.weight[input_ids], self.weight_scale[input_ids], self.dtype)
+
+
+def check_quantization(quantization: str | None) -> None:
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization {quantization!r} is not supported; supported: "
+                         f"{', '.join(QUANTIZATIONS)} (or None)")
+
+
+def quantized(model: CausalLM, quantization: str | None) -> CausalLM:
+    """``model`` with the weights ``quantization`` names (None: as loaded)."""
+    check_quantization(quantization)
+    if quantization == "int8":
+        quantize_int8(model)
+    return model.eval()
+
+
+def quantize_int8(model: CausalLM) -> None:
+    """Every model.py ``Linear`` (a subclass with its own math is left as it is) and the
+    embedding to 8-bit weights, in place; a tied LM head shares the embedding's."""
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if type(child) is Linear:
+                setattr(module, name, Int8Linear.of(child))
+    values, scale = quantize_rows(model.embed_tokens.weight)
+    weight, weight_scale = nn.Parameter(values, requires_grad=False), nn.Parameter(scale, requires_grad=False)
+    model.embed_tokens = Int8Embedding(weight, weight_scale, model.dtype)
+    if model.config.tie_word_embeddings:
+        model.lm_head = Int8Linear(weight, weight_scale, None)

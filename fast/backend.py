@@ -19,7 +19,7 @@ from core.backend import Backend
 from fast.attention import FastAttention, FastPlan
 from fast.cpu_memory import zeros_on_huge_pages
 from fast.glue import glue_replacements
-from fast.linear import packed_replacements
+from fast.linear import int8_replacements, packed_replacements
 from fast.paths import FastPaths, choose_paths
 from fast.tuning import CpuTuning
 from model import CausalLM, SeqChunk
@@ -44,6 +44,8 @@ class FastBackend(Backend):
         out = packed_replacements(self.model, self.paths.small_linear) if self.paths.pack_linears else {}
         if self.paths.glue is not None:
             out.update(glue_replacements(self.model, self.paths.glue))
+        if self.paths.int8 is not None:
+            out.update(int8_replacements(self.model, self.paths.int8))
         return out
 
     @property

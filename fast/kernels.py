@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = tuple(CSRC / name for name in ("bindings.cpp", "attention.cpp", "small_linear.cpp", "layer_glue.cpp"))
+SOURCES = tuple(CSRC / name for name in ("bindings.cpp", "attention.cpp", "small_linear.cpp",
+                                         "int8_linear.cpp", "layer_glue.cpp"))
 # -fopenmp: at::parallel_for is inline OpenMP; without it the kernel runs on one thread. The
 # OpenMP runtime it links is the one torch already loaded (same soname, libgomp.so.1).
 FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fopenmp")

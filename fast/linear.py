@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model import Linear, MLP
+from model import MLP, Int8Linear, Linear
 
 
 def onednn_linears_usable(device: torch.device, dtype: torch.dtype) -> bool:
@@ -134,6 +134,56 @@ def packed_replacements(model: nn.Module, small: Callable | None = None) -> dict
     for name, part in model.replaceable_parts():
         if part.kind == "linear":
             out[name] = PackedLinear(small)
-        elif part.kind == "mlp" and part.hidden_act == "silu":
+        elif part.kind == "mlp" and part.hidden_act == "silu" and part.gate_up_proj.kind == "linear":
             out[name] = PackedSiluMLP(small)
+    return out
+
+
+# ----------------------------------------------------------------------------- 8-bit weights
+
+class Int8Product:
+    """model.Int8Linear from its int8 weight and row scales (fast/csrc/int8_linear.cpp): up to
+    SMALL_ROWS rows by the kernel that streams the int8 weight once; more rows by one matmul on
+    the weight dequantized for the call (as model.py rounds it)."""
+
+    def __init__(self, kernels) -> None:
+        self.kernels = kernels
+
+    def __call__(self, part: Int8Linear, x: torch.Tensor, silu_mul: bool = False) -> torch.Tensor:
+        weight, scale, bias = part.weight, part.weight_scale, part.bias
+        if not (x.dtype in (torch.bfloat16, torch.float32) and weight.is_contiguous()):
+            return _silu_mul(part.compute(x)) if silu_mul else part.compute(x)
+        if x.dim() == 2 and x.shape[0] <= SMALL_ROWS:
+            return self.kernels.int8_linear(x, weight, scale, bias, silu_mul)
+        y = F.linear(x, self.kernels.int8_dequantize(weight, scale, x.dtype), bias)
+        return _silu_mul(y) if silu_mul else y
+
+
+class Int8SiluMLP:
+    """model.MLP with SiLU on 8-bit weights: for a few rows, gate, up and silu(gate) * up in one
+    kernel call; then the part's own down projection."""
+
+    def __init__(self, product: Int8Product) -> None:
+        self.product = product
+
+    def __call__(self, part: MLP, x: torch.Tensor) -> torch.Tensor:
+        linear = part.gate_up_proj
+        if part.hidden_act != "silu" or has_hooks(linear) or not linear.computes_as_declared():
+            return part.compute(x)
+        return part.down_proj(self.product(linear, x, silu_mul=True))
+
+
+def _silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate).mul_(up)
+
+
+def int8_replacements(model: nn.Module, kernels) -> dict:
+    """A replacement per 8-bit linear part and per SiLU MLP on 8-bit weights (name -> callable)."""
+    product, out = Int8Product(kernels), {}
+    for name, part in model.replaceable_parts():
+        if part.kind == "int8_linear":
+            out[name] = product
+        elif part.kind == "mlp" and part.hidden_act == "silu" and part.gate_up_proj.kind == "int8_linear":
+            out[name] = Int8SiluMLP(product)
     return out

@@ -14,6 +14,9 @@ The kernels' limits, as fast/csrc checks them (outside a limit the PyTorch kind 
   ``TILE_MAX_GROUP`` query heads per KV head (a tile's 16 lanes hold one position's heads);
   positions and position + window in int32;
 * the few-row linear: bfloat16, AVX-512 BF16 in the build, at most fast/linear.SMALL_ROWS rows;
+* the 8-bit linear (a model loaded with ``quantization="int8"``): bfloat16 or float32 input,
+  AVX-512 in the build, at most fast/linear.SMALL_ROWS rows (more rows: one matmul on the
+  weight the kernel module dequantizes);
 * the heads' norm + RoPE: an even head_dim (RoPE's halves).
 """
 from __future__ import annotations
@@ -42,6 +45,7 @@ class FastPaths:
     glue: object | None = None            # the compiled module for norms and heads' RoPE
     build: KernelBuild | None = None      # None: enforce_eager (no kernels asked for)
     off: tuple[str, ...] = ()             # "what (why)" for each kernel left off
+    int8: object | None = None            # the compiled module for 8-bit linears
 
     def describe(self) -> str:
         parts = ["fast attention", "packed linears" if self.pack_linears else "plain linears"]
@@ -50,7 +54,8 @@ class FastPaths:
                                          ("prompt chunks", self.routes.prefill_kernel),
                                          ("shared decode", self.routes.shared_decode_kernel),
                                          ("few-row linear", self.small_linear),
-                                         ("norms and RoPE", self.glue)) if on is not None]
+                                         ("norms and RoPE", self.glue),
+                                         ("8-bit linears", self.int8)) if on is not None]
         if kernels:
             parts.append("kernels for " + ", ".join(kernels))
         return ", ".join(parts + ([f"off: {'; '.join(self.off)}"] if self.off else []))
@@ -93,7 +98,10 @@ def _with_kernels(routes: Routes, pack_linears: bool, build: KernelBuild, config
     glue = module if config.head_dim % 2 == 0 else None
     if glue is None:
         off.append(f"norms and RoPE (odd head_dim {config.head_dim})")
-    return FastPaths(routes, pack_linears, small, glue, build, tuple(off))
+    int8 = module if module.int8_linear_available() else None
+    if int8 is None:
+        off.append("8-bit linears (built without AVX-512)")
+    return FastPaths(routes, pack_linears, small, glue, build, tuple(off), int8)
 
 
 def _tile_limits(module, config) -> str:

@@ -58,7 +58,7 @@ def test_neutral_vllm_engine_arguments_are_accepted(tokenizer_ckpt):
 
 @pytest.mark.parametrize("kw,error,pattern", [
     (dict(tensor_parallel_size=2), ValueError, "tensor_parallel_size=2 is not supported: this engine runs in one process"),
-    (dict(quantization="awq"), ValueError, "quantization='awq' is not supported: quantized weights"),
+    (dict(quantization="awq"), ValueError, "Unknown quantization method: awq"),
     (dict(enable_lora=True), ValueError, "enable_lora=True is not supported: LoRA"),
     (dict(speculative_config={"method": "ngram"}), ValueError, "speculative decoding"),
     (dict(kv_cache_dtype="fp8"), ValueError, "kv_cache_dtype='fp8'"),

@@ -13,6 +13,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import get_args
 
 from vllm_api.checkpoint_files import check_generation_config_dir, check_tokenizer_dir, read_template
+from model import QUANTIZATIONS
 from prefix_cache import HASH_STRATEGIES
 from vllm_api.block_hash import HASH_ALGOS
 from vllm_api.type_aliases import LogprobsMode
@@ -55,6 +56,7 @@ class EngineConfig:
     hf_overrides: object = None             # dict or callable applied to the HF config (loading.py)
     load_format: str = "auto"               # "auto" / "safetensors": the weights; "dummy": random
     trust_remote_code: bool = False         # to every transformers call: False runs no checkpoint code
+    quantization: str | None = None         # "int8": 8-bit weights quantized at load (model.py)
 
     def __post_init__(self) -> None:
         self._fill_defaults_for_none()
@@ -91,6 +93,10 @@ class EngineConfig:
             raise ValueError(f"load_format={self.load_format!r} is not supported: weights load "
                              f"from *.safetensors, or are random with 'dummy' (accepted: "
                              f"{', '.join(LOAD_FORMATS)})")
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"Unknown quantization method: {self.quantization}. Must be one of "
+                             f"{list(QUANTIZATIONS)} (weights quantized at load from a float "
+                             f"checkpoint; pre-quantized checkpoints are not read).")
         if self.hf_overrides is not None and not (isinstance(self.hf_overrides, dict)
                                                   or callable(self.hf_overrides)):
             raise ValueError(f"hf_overrides must be a dict or a callable taking and returning "

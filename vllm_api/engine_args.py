@@ -115,9 +115,9 @@ NEUTRAL = {
 }
 
 UNSUPPORTED = {
-    "quantization": Unsupported("quantized weights are not supported: weights load as "
-                                "float32 / bfloat16 / float16 from safetensors"),
-    "quantization_config": Unsupported("quantized weights are not supported"),
+    "quantization_config": Unsupported("pre-quantized checkpoints are not read: weights load as "
+                                       "float32 / bfloat16 / float16 from safetensors "
+                                       "(quantization='int8' quantizes them at load)"),
     "enable_lora": Unsupported("LoRA adapters are not supported", (None, False)),
     "enable_prompt_embeds": Unsupported("prompt embeddings are not supported", (None, False)),
     "speculative_config": Unsupported("speculative decoding is not supported"),

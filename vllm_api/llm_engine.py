@@ -63,7 +63,7 @@ class LLMEngine(LLMExtras):
         trust = self.config.trust_remote_code  # False: no code of the checkpoint runs
         loaded = load_checkpoint(self.model_path, self.config.dtype, self.device,
                                  self.config.hf_overrides, self.config.load_format, self.config.seed,
-                                 trust)
+                                 trust, self.config.quantization)
         self.tokenizer = (None if self.config.skip_tokenizer_init
                           else load_tokenizer(Path(self.config.tokenizer or model), trust))
         self.generation_config = generation_config(self.model_path, self.config.generation_config,

@@ -21,20 +21,24 @@ from pathlib import Path
 
 import torch
 
-from model import CausalLM, ModelConfig, RotaryEmbedding, hf_from_pretrained, load_model, resolve_dtype
+from model import (CausalLM, ModelConfig, RotaryEmbedding, hf_from_pretrained, load_model, quantized,
+                   resolve_dtype)
 
 
 def load_checkpoint(path: Path, dtype, device: torch.device, hf_overrides=None,
                     load_format: str = "auto", seed: int | None = 0,
-                    trust_remote_code: bool = False) -> CausalLM:
-    """The model of the checkpoint at ``path``, as the engine arguments ask."""
+                    trust_remote_code: bool = False, quantization: str | None = None) -> CausalLM:
+    """The model of the checkpoint at ``path``, as the engine arguments ask (``quantization``:
+    8-bit weights, quantized once the float weights are in)."""
     if hf_overrides is None and load_format != "dummy":
-        return load_model(path, dtype, device, trust_remote_code)
+        return load_model(path, dtype, device, trust_remote_code, quantization)
     hf_config = overridden_config(path, hf_overrides, trust_remote_code)
     torch_dtype = resolve_dtype(dtype, hf_config, device)
     if load_format == "dummy":
-        return dummy_model(ModelConfig.from_hf(hf_config), torch_dtype, device, seed)
-    return rebuild(load_model(path, dtype, device, trust_remote_code), ModelConfig.from_hf(hf_config))
+        model = dummy_model(ModelConfig.from_hf(hf_config), torch_dtype, device, seed)
+    else:
+        model = rebuild(load_model(path, dtype, device, trust_remote_code), ModelConfig.from_hf(hf_config))
+    return quantized(model, quantization)
 
 
 def overridden_config(path: Path, hf_overrides, trust_remote_code: bool = False):

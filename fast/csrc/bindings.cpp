@@ -14,6 +14,10 @@ at::Tensor shared_decode_attention(at::Tensor q, at::Tensor pool_k, at::Tensor p
 bool small_linear_available();
 at::Tensor small_linear(const at::Tensor& x, const at::Tensor& weight,
                         const c10::optional<at::Tensor>& bias, bool silu_mul);
+bool int8_linear_available();
+at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale,
+                       const c10::optional<at::Tensor>& bias, bool silu_mul);
+at::Tensor int8_dequantize(const at::Tensor& weight, const at::Tensor& scale, at::ScalarType dtype);
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 at::Tensor norm_rope(const at::Tensor& x, const c10::optional<at::Tensor>& weight, double eps,
                      const at::Tensor& cos, const at::Tensor& sin);
@@ -35,6 +39,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("small_linear_available", &small_linear_available, "built with AVX-512 BF16");
   m.def("small_linear", &small_linear, "bfloat16 linear of a few rows (optionally silu(gate) * up)",
         py::arg("x"), py::arg("weight"), py::arg("bias") = py::none(), py::arg("silu_mul") = false);
+  m.def("int8_linear_available", &int8_linear_available, "built with AVX-512 BF16");
+  m.def("int8_linear", &int8_linear, "linear of a few bfloat16 rows on int8 weights with row scales "
+        "(optionally silu(gate) * up)", py::arg("x"), py::arg("weight"), py::arg("scale"),
+        py::arg("bias") = py::none(), py::arg("silu_mul") = false);
+  m.def("int8_dequantize", &int8_dequantize, "int8 weight times its row scales, in bfloat16 or float32",
+        py::arg("weight"), py::arg("scale"), py::arg("dtype"));
   m.def("rms_norm", &rms_norm, "RMSNorm of each row, rounded as model.RMSNorm",
         py::arg("x"), py::arg("weight"), py::arg("eps"));
   m.def("norm_rope", &norm_rope, "each head's optional RMSNorm, then rotate-half RoPE",

@@ -1,0 +1,212 @@
+// Linears on 8-bit weights (int8, one float32 scale per output row) for a few input rows, a
+// decode step of one to four sequences, where a linear is a read of its weights: each int8
+// weight row is streamed once, widened to float32 in registers (exact: |q| <= 127) and
+// fused-multiply-added with every input row (in float32); the sums are multiplied by the row's
+// scale and rounded once to the input's dtype. Two weight rows share each input load. Also the
+// dequantized weight, for the matmul path of more rows. Built where the compiler targets
+// AVX-512 (``int8_linear_available``).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define STEP14_INT8_DOT 1
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int64_t MAX_ROWS = 4;        // input rows one call takes
+constexpr int64_t ROWS_PER_TASK = 32;  // weight rows per parallel task
+constexpr int64_t PREFETCH_BYTES = 2048;
+
+#ifdef STEP14_INT8_DOT
+// Widening is the cost at these row counts: two cheap steps per 16 weights, done once per
+// weight whatever the number of input rows.
+inline __mmask16 mask16(int64_t n) { return n >= 16 ? 0xFFFFu : static_cast<__mmask16>((1u << n) - 1); }
+
+inline __m512 widen16(const int8_t* w, __mmask16 m) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, w)));
+}
+
+// One input row, one weight row, four partial sums (a lone row's dots must not wait on each other).
+inline float dot_one(const float* x, int64_t k, const int8_t* w) {
+  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  int64_t c = 0;
+  for (; c + 64 <= k; c += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(w + c) + PREFETCH_BYTES, _MM_HINT_T0);
+    for (int j = 0; j < 4; ++j)
+      acc[j] = _mm512_fmadd_ps(widen16(w + c + 16 * j, 0xFFFFu), _mm512_loadu_ps(x + c + 16 * j), acc[j]);
+  }
+  for (; c < k; c += 16) {
+    const __mmask16 m = mask16(k - c);
+    acc[0] = _mm512_fmadd_ps(widen16(w + c, m), _mm512_maskz_loadu_ps(m, x + c), acc[0]);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+}
+
+template <int M>
+inline void dot_two_rows_f32(const float* x, int64_t k, const int8_t* w0, const int8_t* w1, float sums[][2]) {
+  __m512 acc[M][2];
+  for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < k; c += 16) {
+    const __mmask16 mask = mask16(k - c);
+    if ((c & 63) == 0) {
+      _mm_prefetch(reinterpret_cast<const char*>(w0 + c) + PREFETCH_BYTES, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(w1 + c) + PREFETCH_BYTES, _MM_HINT_T0);
+    }
+    const __m512 a = widen16(w0 + c, mask), b = widen16(w1 + c, mask);
+    for (int m = 0; m < M; ++m) {
+      const __m512 xs = _mm512_maskz_loadu_ps(mask, x + m * k + c);
+      acc[m][0] = _mm512_fmadd_ps(a, xs, acc[m][0]);
+      acc[m][1] = _mm512_fmadd_ps(b, xs, acc[m][1]);
+    }
+  }
+  for (int m = 0; m < M; ++m) {
+    sums[m][0] = _mm512_reduce_add_ps(acc[m][0]);
+    sums[m][1] = _mm512_reduce_add_ps(acc[m][1]);
+  }
+}
+
+template <int M>
+void dot_few(const float* x, int64_t k, const int8_t* w, int64_t first, int64_t rows, float* sums) {
+  float part[M][2];
+  for (int64_t r = 0; r < rows; r += 2) {
+    const int8_t* w0 = w + (first + r) * k;
+    const int8_t* w1 = r + 1 < rows ? w0 + k : w0;
+    dot_two_rows_f32<M>(x, k, w0, w1, part);
+    for (int m = 0; m < M; ++m) {
+      sums[m * rows + r] = part[m][0];
+      if (r + 1 < rows) sums[m * rows + r + 1] = part[m][1];
+    }
+  }
+}
+
+// sums [m, rows] (unscaled) for weight rows [first, first + rows).
+void dot_rows(const float* x, int64_t m, int64_t k, const int8_t* w, int64_t first, int64_t rows, float* sums) {
+  switch (m) {
+    case 1:
+      for (int64_t r = 0; r < rows; ++r) sums[r] = dot_one(x, k, w + (first + r) * k);
+      return;
+    case 2: return dot_few<2>(x, k, w, first, rows, sums);
+    case 3: return dot_few<3>(x, k, w, first, rows, sums);
+    default: return dot_few<4>(x, k, w, first, rows, sums);
+  }
+}
+#endif
+
+inline float silu(float g) { return g / (1.0f + std::exp(-g)); }
+
+}  // namespace
+
+bool int8_linear_available() {
+#ifdef STEP14_INT8_DOT
+  return true;
+#else
+  return false;
+#endif
+}
+
+// x [M, K] bfloat16 or float32 (M <= 4), weight [N, K] int8 contiguous, scale [N], bias [N]
+// or undefined. Row n of the weight is weight[n] * scale[n]. silu_mul: the weight is a gate and
+// an up projection stacked ([2I, K]); returns silu(x gate^T) * (x up^T) [M, I], else
+// x weight^T + bias [M, N], in x's dtype. Float32 sums, one rounding.
+at::Tensor int8_linear(const at::Tensor& x_in, const at::Tensor& weight, const at::Tensor& scale_in,
+                       const c10::optional<at::Tensor>& bias, bool silu_mul) {
+  TORCH_CHECK(int8_linear_available(), "int8_linear: built without AVX-512");
+  TORCH_CHECK(x_in.dim() == 2 && weight.dim() == 2 && x_in.size(1) == weight.size(1),
+              "int8_linear: x [M, K] and weight [N, K]");
+  TORCH_CHECK(x_in.size(0) <= MAX_ROWS, "int8_linear: at most ", MAX_ROWS, " rows");
+  TORCH_CHECK((x_in.scalar_type() == at::kBFloat16 || x_in.scalar_type() == at::kFloat) &&
+                  weight.scalar_type() == at::kChar && weight.is_contiguous() && x_in.device().is_cpu() &&
+                  weight.device().is_cpu(),
+              "int8_linear: bfloat16 or float32 input, contiguous int8 weight, CPU tensors");
+  TORCH_CHECK(scale_in.numel() == weight.size(0), "int8_linear: one scale per weight row");
+  TORCH_CHECK(!silu_mul || weight.size(0) % 2 == 0, "int8_linear: silu_mul needs gate and up rows");
+  const at::Tensor x = x_in.to(at::kFloat).contiguous();
+  const at::Tensor scale = scale_in.to(at::kFloat).contiguous();
+  const int64_t m = x.size(0), k = x.size(1), n = weight.size(0), width = silu_mul ? n / 2 : n;
+  at::Tensor out = at::empty({m, width}, x.options());  // float32 sums, rounded once at the end
+  at::Tensor bias_f;
+  const float* b = nullptr;
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->numel() == n, "int8_linear: bias [N]");
+    bias_f = bias->to(at::kFloat).contiguous();
+    b = bias_f.data_ptr<float>();
+  }
+  if (m == 0) return out.to(x_in.scalar_type());
+#ifdef STEP14_INT8_DOT
+  const float* xp = x.data_ptr<float>();
+  const int8_t* wp = weight.data_ptr<int8_t>();
+  const float* s = scale.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, width, ROWS_PER_TASK, [&](int64_t begin, int64_t end) {
+    const int64_t rows = end - begin;
+    std::vector<float> gate(m * rows), up(silu_mul ? m * rows : 0);
+    dot_rows(xp, m, k, wp, begin, rows, gate.data());
+    if (silu_mul) dot_rows(xp, m, k, wp, width + begin, rows, up.data());
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t g_row = begin + r, u_row = width + begin + r;
+        float g = gate[i * rows + r] * s[g_row] + (b ? b[g_row] : 0.f);
+        if (silu_mul) g = silu(g) * (up[i * rows + r] * s[u_row] + (b ? b[u_row] : 0.f));
+        op[i * width + g_row] = g;
+      }
+  });
+#endif
+  return out.to(x_in.scalar_type());
+}
+
+namespace {
+
+// One row of int8_dequantize: value * scale in float32, then rounded once to the output dtype.
+void dequantize_row(const int8_t* row, float scale, int64_t k, at::Tensor& out, int64_t r) {
+  const bool to_float = out.scalar_type() == at::kFloat;
+  float* of = to_float ? out.data_ptr<float>() + r * k : nullptr;
+  at::BFloat16* ob = to_float ? nullptr : out.data_ptr<at::BFloat16>() + r * k;
+  int64_t c = 0;
+#ifdef STEP14_INT8_DOT
+  const __m512 s = _mm512_set1_ps(scale);
+  for (; c + 16 <= k; c += 16) {
+    const __m512 v = _mm512_mul_ps(widen16(row + c, 0xFFFFu), s);
+    if (to_float) {
+      _mm512_storeu_ps(of + c, v);
+      continue;
+    }
+#ifdef __AVX512BF16__  // round to nearest even, as the scalar conversion below
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(ob + c), (__m256i)_mm512_cvtneps_pbh(v));
+#else
+    alignas(64) float tmp[16];
+    _mm512_store_ps(tmp, v);
+    for (int j = 0; j < 16; ++j) ob[c + j] = static_cast<at::BFloat16>(tmp[j]);
+#endif
+  }
+#endif
+  for (; c < k; ++c) {
+    const float v = static_cast<float>(row[c]) * scale;
+    if (to_float) of[c] = v; else ob[c] = static_cast<at::BFloat16>(v);
+  }
+}
+
+}  // namespace
+
+// weight [N, K] int8 times scale [N] as a [N, K] tensor of ``dtype`` (the matmul path for
+// many rows): each value rounded once, as model.py's Int8Linear.dequantized rounds it.
+at::Tensor int8_dequantize(const at::Tensor& weight, const at::Tensor& scale_in, at::ScalarType dtype) {
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kChar && weight.is_contiguous() &&
+                  weight.device().is_cpu(), "int8_dequantize: a contiguous int8 CPU weight [N, K]");
+  TORCH_CHECK(scale_in.numel() == weight.size(0), "int8_dequantize: one scale per weight row");
+  TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kFloat, "int8_dequantize: to bfloat16 or float32");
+  const at::Tensor scale = scale_in.to(at::kFloat).contiguous();
+  const int64_t n = weight.size(0), k = weight.size(1);
+  at::Tensor out = at::empty({n, k}, weight.options().dtype(dtype));
+  const int8_t* wp = weight.data_ptr<int8_t>();
+  const float* s = scale.data_ptr<float>();
+  at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) dequantize_row(wp + r * k, s[r], k, out, r);
+  });
+  return out;
+}
