@@ -92,16 +92,20 @@ def measure_ours(model: str, threads: int, repeats: int, engine_kw: dict,
     return best, llm.llm_engine.engine_core.model_runner.backend.describe()
 
 
-def streamed_bytes(model: str) -> int:
-    """Bytes of the weights one decode token reads: every tensor but the input embedding."""
+def streamed_bytes(model: str, quantization: str | None = None) -> int:
+    """Bytes of the weights one decode token reads: every tensor but the input embedding
+    (with ``quantization="int8"``, a matrix is a byte per value and a float32 scale per row)."""
     from safetensors import safe_open
     total = 0
     for path in sorted(Path(model).glob("*.safetensors")):
         with safe_open(str(path), "pt") as f:
             for name in f.keys():
                 if "embed_tokens" not in name:
-                    t = f.get_slice(name)
-                    total += int(np.prod(t.get_shape())) * _itemsize(t.get_dtype())
+                    shape = f.get_slice(name).get_shape()
+                    if quantization == "int8" and len(shape) == 2:
+                        total += int(np.prod(shape)) + 4 * shape[0]
+                    else:
+                        total += int(np.prod(shape)) * _itemsize(f.get_slice(name).get_dtype())
     return total
 
 
@@ -163,7 +167,7 @@ def build_llama_06(out_dir: str, seed: int = 0) -> str:
 def run(model: str, threads: list[int], repeats: int = 3, llamacpp_bin: str | None = None,
         gguf: str | None = None, engine_kw: dict | None = None, shape: Shape = Shape()) -> Table:
     table = Table(threads, shape)
-    weights = streamed_bytes(model)
+    weights = streamed_bytes(model, (engine_kw or {}).get("quantization"))
     for t in threads:
         rates, table.describe = measure_ours(model, t, repeats, engine_kw or {}, shape)
         table.ours.update({(row, t): rate for row, rate in rates.items()})
@@ -210,6 +214,7 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--dtype", default="auto")
     p.add_argument("--enforce-eager", action="store_true", help="without the compiled kernels")
+    p.add_argument("--quantization", choices=["int8"], help="8-bit weights, quantized at load")
     p.add_argument("--llamacpp-bin", help="llama.cpp's build/bin (llama-bench, llama-batched-bench)")
     p.add_argument("--gguf", help="the same checkpoint converted by llama.cpp's convert_hf_to_gguf.py")
     args = p.parse_args(argv)
@@ -221,7 +226,8 @@ def main(argv=None) -> int:
         with tempfile.TemporaryDirectory(prefix="single_user_") as tmp:
             return main([*(argv or []), "--model", build_llama_06(tmp)])
     table = run(args.model, [int(t) for t in args.threads.split(",")], args.repeats,
-                args.llamacpp_bin, args.gguf, dict(dtype=args.dtype, enforce_eager=args.enforce_eager))
+                args.llamacpp_bin, args.gguf, dict(dtype=args.dtype, enforce_eager=args.enforce_eager,
+                                                             quantization=args.quantization))
     print("\n".join(report(table)))
     return 0
 

@@ -39,6 +39,11 @@ class Backend:
         self._lock, self._installed = _slot(model)
         self._token = object()  # names this backend in the slot without keeping it alive
 
+    def rederive(self) -> None:
+        """Derive again whatever this backend keeps from the weights (a write through
+        ``param.data`` moves no version counter, so only this tells it); the plain path keeps
+        nothing."""
+
     def plan(self, chunks: list[SeqChunk], block_size: int) -> AttentionPlan:
         return self.attention.plan(chunks, block_size)
 

@@ -216,7 +216,10 @@ class EngineCore:
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         """Forget cached-and-free blocks; True if the cache is now empty (as vLLM's). With
-        ``reset_running_requests``, running sequences are preempted first (they are re-prefilled)."""
+        ``reset_running_requests``, running sequences are preempted first (they are re-prefilled).
+        What the backend derived from the weights is derived again: after weights written where
+        no version counter sees it (``param.data``), this is the call that makes them seen."""
+        self.model_runner.backend.rederive()
         with self.operation():
             if reset_running_requests:
                 for seq in list(reversed(self.scheduler.running)):

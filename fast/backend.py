@@ -48,6 +48,13 @@ class FastBackend(Backend):
             out.update(int8_replacements(self.model, self.paths.int8))
         return out
 
+    def rederive(self) -> None:
+        """Fresh replacements (packed weights are derived again at their next call), installed
+        at the next forward."""
+        self.replacements = self._replacements()
+        with self._lock:
+            self._installed[0] = None
+
     @property
     def pack_linears(self) -> bool:
         return self.paths.pack_linears

@@ -144,3 +144,22 @@ def test_a_grpo_style_loop_on_the_demo_model():
         llm.apply_model(lambda model: model.load_weights((f"model.{k}", v) for k, v in step.items()))
         llm.reset_prefix_cache()
         state = step
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_write_through_data_is_seen_after_reset_prefix_cache(two_checkpoints, path):
+    """``param.data.copy_(new)`` moves no version counter, so no check can see it; RL
+    frameworks call ``reset_prefix_cache()`` after a weight sync, and that call makes the
+    engine drop cached K/V and derive every packed copy again (docs/vllm_api.md)."""
+    a, b = two_checkpoints
+    fresh = make_llm(b, **PATHS[path])
+    want = tokens(fresh)
+    llm = make_llm(a, **PATHS[path])
+    assert tokens(llm) != want
+    new = fresh.llm_engine.model.state_dict()
+    with torch.no_grad():
+        for name, param in llm.llm_engine.model.named_parameters():
+            param.data.copy_(new[name])
+    llm.reset_prefix_cache()
+    assert tokens(llm) == want
+    assert tokens(llm) == want

@@ -22,8 +22,10 @@ from vllm_api.worker import run_on_worker
 
 PROFILE_DIR_ENV = "VLLM_TORCH_PROFILER_DIR"
 DEFAULT_PROFILE_DIR = "vllm_profile"
-WEIGHT_UPDATE_REASON = ("weights load once from the checkpoint; build a new LLM to use "
-                        "new weights")
+WEIGHT_UPDATE_REASON = ("vLLM's weight-transfer engine (NCCL, a second process) has no peer here: "
+                        "change the one worker's weights in place, by model.load_weights through "
+                        "apply_model, or by a worker extension through collective_rpc, then "
+                        "reset_prefix_cache()")
 SLEEP_REASON = "weights and KV cache always stay in memory (enable_sleep_mode is refused)"
 
 
@@ -164,7 +166,7 @@ class LLMExtras:
     pin_lora = remove_lora
 
     def update_weights(self, *args, **kwargs):
-        refuse("in-place weight updates", WEIGHT_UPDATE_REASON)
+        refuse("weight-transfer updates", WEIGHT_UPDATE_REASON)
 
     (start_weight_update, finish_weight_update, start_draft_weight_update,
      init_weight_transfer_engine, shutdown_weight_transfer_engine, release_kv_cache_memory,

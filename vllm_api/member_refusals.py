@@ -5,8 +5,10 @@ arguments: engine_args.py.) Everything vLLM lists and no table names is implemen
 """
 from __future__ import annotations
 
-WEIGHTS = ("in-place weight updates", "weights load once from the checkpoint; build a new "
-           "engine to use new weights (collective_rpc reaches the worker)")
+WEIGHTS = ("weight-transfer updates", "vLLM's weight-transfer engine (NCCL, a second process) has "
+           "no peer here: change the one worker's weights in place, by model.load_weights "
+           "through apply_model, or by a worker extension through collective_rpc, then "
+           "reset_prefix_cache()")
 LORA = ("LoRA adapters", "the engine loads base weights only")
 POOLING = ("pooling", "the engine runs generative models only")
 INTERNAL = ("vLLM's engine-internal objects", "this engine's parts are llm_engine.engine_core, "

@@ -1,5 +1,5 @@
 // Linears on 8-bit weights (int8, one float32 scale per output row) for a few input rows, a
-// decode step of one to four sequences, where a linear is a read of its weights: each int8
+// decode step of one to eight sequences, where a linear is a read of its weights: each int8
 // weight row is streamed once, widened to float32 in registers (exact: |q| <= 127) and
 // fused-multiply-added with every input row (in float32); the sums are multiplied by the row's
 // scale and rounded once to the input's dtype. Two weight rows share each input load. Also the
@@ -9,6 +9,7 @@
 #include <ATen/Parallel.h>
 
 #include <cmath>
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -19,7 +20,7 @@
 
 namespace {
 
-constexpr int64_t MAX_ROWS = 4;        // input rows one call takes
+constexpr int64_t MAX_ROWS = 8;        // input rows one call takes
 constexpr int64_t ROWS_PER_TASK = 32;  // weight rows per parallel task
 constexpr int64_t PREFETCH_BYTES = 2048;
 
@@ -48,40 +49,48 @@ inline float dot_one(const float* x, int64_t k, const int8_t* w) {
   return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
 }
 
-template <int M>
-inline void dot_two_rows_f32(const float* x, int64_t k, const int8_t* w0, const int8_t* w1, float sums[][2]) {
-  __m512 acc[M][2];
-  for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
-  for (int64_t c = 0; c < k; c += 16) {
-    const __mmask16 mask = mask16(k - c);
-    if ((c & 63) == 0) {
-      _mm_prefetch(reinterpret_cast<const char*>(w0 + c) + PREFETCH_BYTES, _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(w1 + c) + PREFETCH_BYTES, _MM_HINT_T0);
+// R weight rows against M input rows: each 16 weights of a row are widened once and used by
+// every input row; each input load is used by R weight rows. R * M sums stay in registers.
+template <int M, int R>
+inline void dot_block(const float* x, int64_t k, const int8_t* const* w, float* sums, int64_t stride) {
+  __m512 acc[R][M];
+  for (int r = 0; r < R; ++r)
+    for (int m = 0; m < M; ++m) acc[r][m] = _mm512_setzero_ps();
+  int64_t c = 0;
+  for (; c + 16 <= k; c += 16) {
+    if ((c & 63) == 0)
+      for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(w[r] + c) + PREFETCH_BYTES, _MM_HINT_T0);
+    __m512 ws[R];
+    for (int r = 0; r < R; ++r) ws[r] = widen16(w[r] + c, 0xFFFFu);
+    for (int m = 0; m < M; ++m) {
+      const __m512 xs = _mm512_loadu_ps(x + m * k + c);
+      for (int r = 0; r < R; ++r) acc[r][m] = _mm512_fmadd_ps(ws[r], xs, acc[r][m]);
     }
-    const __m512 a = widen16(w0 + c, mask), b = widen16(w1 + c, mask);
+  }
+  if (c < k) {
+    const __mmask16 mask = mask16(k - c);
+    __m512 ws[R];
+    for (int r = 0; r < R; ++r) ws[r] = widen16(w[r] + c, mask);
     for (int m = 0; m < M; ++m) {
       const __m512 xs = _mm512_maskz_loadu_ps(mask, x + m * k + c);
-      acc[m][0] = _mm512_fmadd_ps(a, xs, acc[m][0]);
-      acc[m][1] = _mm512_fmadd_ps(b, xs, acc[m][1]);
+      for (int r = 0; r < R; ++r) acc[r][m] = _mm512_fmadd_ps(ws[r], xs, acc[r][m]);
     }
   }
-  for (int m = 0; m < M; ++m) {
-    sums[m][0] = _mm512_reduce_add_ps(acc[m][0]);
-    sums[m][1] = _mm512_reduce_add_ps(acc[m][1]);
-  }
+  for (int r = 0; r < R; ++r)
+    for (int m = 0; m < M; ++m) sums[m * stride + r] = _mm512_reduce_add_ps(acc[r][m]);
 }
 
-template <int M>
-void dot_few(const float* x, int64_t k, const int8_t* w, int64_t first, int64_t rows, float* sums) {
-  float part[M][2];
-  for (int64_t r = 0; r < rows; r += 2) {
-    const int8_t* w0 = w + (first + r) * k;
-    const int8_t* w1 = r + 1 < rows ? w0 + k : w0;
-    dot_two_rows_f32<M>(x, k, w0, w1, part);
-    for (int m = 0; m < M; ++m) {
-      sums[m * rows + r] = part[m][0];
-      if (r + 1 < rows) sums[m * rows + r + 1] = part[m][1];
-    }
+// sums [M, rows] for weight rows [first, first + rows), R at a time (the last block repeats
+// its last row where fewer are left; those sums are dropped).
+template <int M, int R>
+void dot_rows_by(const float* x, int64_t k, const int8_t* w, int64_t first, int64_t rows, float* sums) {
+  float part[M * R];
+  for (int64_t r = 0; r < rows; r += R) {
+    const int8_t* block[R];
+    for (int j = 0; j < R; ++j) block[j] = w + (first + std::min(r + j, rows - 1)) * k;
+    dot_block<M, R>(x, k, block, part, R);
+    for (int m = 0; m < M; ++m)
+      for (int j = 0; j < R && r + j < rows; ++j) sums[m * rows + r + j] = part[m * R + j];
   }
 }
 
@@ -91,9 +100,13 @@ void dot_rows(const float* x, int64_t m, int64_t k, const int8_t* w, int64_t fir
     case 1:
       for (int64_t r = 0; r < rows; ++r) sums[r] = dot_one(x, k, w + (first + r) * k);
       return;
-    case 2: return dot_few<2>(x, k, w, first, rows, sums);
-    case 3: return dot_few<3>(x, k, w, first, rows, sums);
-    default: return dot_few<4>(x, k, w, first, rows, sums);
+    case 2: return dot_rows_by<2, 4>(x, k, w, first, rows, sums);
+    case 3: return dot_rows_by<3, 4>(x, k, w, first, rows, sums);
+    case 4: return dot_rows_by<4, 4>(x, k, w, first, rows, sums);
+    case 5: return dot_rows_by<5, 2>(x, k, w, first, rows, sums);
+    case 6: return dot_rows_by<6, 2>(x, k, w, first, rows, sums);
+    case 7: return dot_rows_by<7, 2>(x, k, w, first, rows, sums);
+    default: return dot_rows_by<8, 2>(x, k, w, first, rows, sums);
   }
 }
 #endif
@@ -110,7 +123,7 @@ bool int8_linear_available() {
 #endif
 }
 
-// x [M, K] bfloat16 or float32 (M <= 4), weight [N, K] int8 contiguous, scale [N], bias [N]
+// x [M, K] bfloat16 or float32 (M <= 8), weight [N, K] int8 contiguous, scale [N], bias [N]
 // or undefined. Row n of the weight is weight[n] * scale[n]. silu_mul: the weight is a gate and
 // an up projection stacked ([2I, K]); returns silu(x gate^T) * (x up^T) [M, I], else
 // x weight^T + bias [M, N], in x's dtype. Float32 sums, one rounding.
