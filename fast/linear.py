@@ -60,6 +60,7 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
 
 
 SMALL_ROWS = 4  # the most rows fast/csrc/small_linear.cpp takes
+INT8_ROWS = 8   # the most rows fast/csrc/int8_linear.cpp takes
 
 
 def few_rows(x: torch.Tensor, small: Callable | None, weight: torch.Tensor) -> bool:
@@ -143,7 +144,7 @@ def packed_replacements(model: nn.Module, small: Callable | None = None) -> dict
 
 class Int8Product:
     """model.Int8Linear from its int8 weight and row scales (fast/csrc/int8_linear.cpp): up to
-    SMALL_ROWS rows by the kernel that streams the int8 weight once; more rows by one matmul on
+    INT8_ROWS rows by the kernel that streams the int8 weight once; more rows by one matmul on
     the weight dequantized for the call (as model.py rounds it)."""
 
     def __init__(self, kernels) -> None:
@@ -153,7 +154,7 @@ class Int8Product:
         weight, scale, bias = part.weight, part.weight_scale, part.bias
         if not (x.dtype in (torch.bfloat16, torch.float32) and weight.is_contiguous()):
             return _silu_mul(part.compute(x)) if silu_mul else part.compute(x)
-        if x.dim() == 2 and x.shape[0] <= SMALL_ROWS:
+        if x.dim() == 2 and x.shape[0] <= INT8_ROWS:
             return self.kernels.int8_linear(x, weight, scale, bias, silu_mul)
         y = F.linear(x, self.kernels.int8_dequantize(weight, scale, x.dtype), bias)
         return _silu_mul(y) if silu_mul else y

@@ -15,7 +15,7 @@ The kernels' limits, as fast/csrc checks them (outside a limit the PyTorch kind 
   positions and position + window in int32;
 * the few-row linear: bfloat16, AVX-512 BF16 in the build, at most fast/linear.SMALL_ROWS rows;
 * the 8-bit linear (a model loaded with ``quantization="int8"``): bfloat16 or float32 input,
-  AVX-512 in the build, at most fast/linear.SMALL_ROWS rows (more rows: one matmul on the
+  AVX-512 in the build, at most fast/linear.INT8_ROWS rows (more rows: one matmul on the
   weight the kernel module dequantizes);
 * the heads' norm + RoPE: an even head_dim (RoPE's halves).
 """

@@ -18,7 +18,7 @@ import torch
 
 from benchmarks.int8_quality import engine_logits, logprob_error, text_ids
 from fast.kernels import compiled_kernels
-from fast.linear import SMALL_ROWS, Int8Product, Int8SiluMLP
+from fast.linear import INT8_ROWS, Int8Product, Int8SiluMLP
 from helpers import DEMO_MODEL_DIR, GreedyReference, build_checkpoint, greedy, make_llm, random_prompt
 from model import MLP, Int8Linear, Linear, dequantize_rows, load_model, quantize_rows
 
@@ -80,7 +80,7 @@ def kernels():
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("rows", [1, 2, 3, SMALL_ROWS, SMALL_ROWS + 1, 33])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, INT8_ROWS, INT8_ROWS + 1, 33])
 @pytest.mark.parametrize("in_features", [64, 100])
 def test_kernel_equals_the_plain_part_within_rounding(kernels, dtype, rows, in_features):
     torch.manual_seed(rows)

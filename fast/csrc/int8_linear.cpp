@@ -2,7 +2,7 @@
 // decode step of one to eight sequences, where a linear is a read of its weights: each int8
 // weight row is streamed once, widened to float32 in registers (exact: |q| <= 127) and
 // fused-multiply-added with every input row (in float32); the sums are multiplied by the row's
-// scale and rounded once to the input's dtype. Two weight rows share each input load. Also the
+// scale and rounded once to the input's dtype. Up to four weight rows share each input load. Also the
 // dequantized weight, for the matmul path of more rows. Built where the compiler targets
 // AVX-512 (``int8_linear_available``).
 #include <ATen/ATen.h>
