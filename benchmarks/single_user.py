@@ -92,9 +92,10 @@ def measure_ours(model: str, threads: int, repeats: int, engine_kw: dict,
     return best, llm.llm_engine.engine_core.model_runner.backend.describe()
 
 
-def streamed_bytes(model: str, quantization: str | None = None) -> int:
-    """Bytes of the weights one decode token reads: every tensor but the input embedding
-    (with ``quantization="int8"``, a matrix is a byte per value and a float32 scale per row)."""
+def streamed_bytes(model: str, quantization: str | None = None, itemsize: int | None = None) -> int:
+    """Bytes of the weights one decode token reads: every tensor but the input embedding, each
+    value ``itemsize`` bytes (None: as stored); with ``quantization="int8"``, a matrix is a byte
+    per value and a float32 scale per row."""
     from safetensors import safe_open
     total = 0
     for path in sorted(Path(model).glob("*.safetensors")):
@@ -105,7 +106,7 @@ def streamed_bytes(model: str, quantization: str | None = None) -> int:
                     if quantization == "int8" and len(shape) == 2:
                         total += int(np.prod(shape)) + 4 * shape[0]
                     else:
-                        total += int(np.prod(shape)) * _itemsize(f.get_slice(name).get_dtype())
+                        total += int(np.prod(shape)) * (itemsize or _itemsize(f.get_slice(name).get_dtype()))
     return total
 
 
