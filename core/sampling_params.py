@@ -23,6 +23,13 @@ import numpy as np
 GREEDY_TEMPERATURE = 1e-5   # below this, sampling is greedy (vLLM's _SAMPLING_EPS)
 MIN_TEMPERATURE = 1e-2      # 0 < temperature < this is raised to it (vLLM: avoids inf/nan)
 DEFAULT_MAX_LOGPROBS = 20   # vLLM's engine argument ``max_logprobs`` default
+# Bounds on what one request may fan out to, checked before anything is built from it: n (the
+# sequences it runs; vLLM's own bound), the entries of each list it carries (token ids, stop
+# strings, bad words: each costs work at every step) and a stop string's length.
+MAX_N = 16384
+MAX_LIST_ENTRIES = 1 << 20
+MAX_STOP_STRINGS = 1024
+MAX_STOP_CHARS = 4096
 SEED_RANGE = (-(2 ** 63), 2 ** 64)  # what a 64-bit generator seed can hold (int64 or uint64)
 
 
@@ -135,6 +142,7 @@ class SamplingParams:
     def _validate_counts(self) -> None:
         self.n = as_int("n", self.n)
         require(self.n >= 1, "n", self.n, f"n must be at least 1, got {self.n}.")
+        require(self.n <= MAX_N, "n", self.n, f"n must be at most {MAX_N}, got {self.n}.")
         if self.max_tokens is not None:
             self.max_tokens = as_int("max_tokens", self.max_tokens)
             require(self.max_tokens >= 1, "max_tokens", self.max_tokens,
@@ -195,6 +203,12 @@ class SamplingParams:
             self.stop = [self.stop]
         self.stop = _as_list("stop", self.stop, str)
         require(all(self.stop), "stop", self.stop, "stop cannot contain an empty string.")
+        require(len(self.stop) <= MAX_STOP_STRINGS, "stop", len(self.stop),
+                 f"stop holds {len(self.stop)} strings, at most {MAX_STOP_STRINGS} are taken "
+                 f"(each is searched for at every step)")
+        longest = max(map(len, self.stop), default=0)
+        require(longest <= MAX_STOP_CHARS, "stop", longest,
+                 f"a stop string of {longest} characters: at most {MAX_STOP_CHARS} are taken")
         require(not self.stop or _is_bool(self.detokenize, True), "stop", self.stop,
                  "stop strings are only supported when detokenize is True. "
                  "Set detokenize=True to use stop.")
@@ -226,6 +240,8 @@ class SamplingParams:
         if self.allowed_token_ids is not None:
             self.allowed_token_ids = _as_list("allowed_token_ids", self.allowed_token_ids, int)
         self.bad_words = list(dict.fromkeys(_as_list("bad_words", self.bad_words, str)))
+        require(len(self.bad_words) <= MAX_STOP_STRINGS, "bad_words", len(self.bad_words),
+                 f"bad_words holds {len(self.bad_words)} words, at most {MAX_STOP_STRINGS} are taken")
         require(all(self.bad_words), "bad_words", self.bad_words,
                  f"bad_words cannot contain an empty string. Got bad_words={self.bad_words}")
 
@@ -272,6 +288,8 @@ def _as_list(name: str, values, item_type: type) -> list:
     if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple, np.ndarray)):
         raise ParameterError(f"{name} must be a list of {item_type.__name__}, got "
                              f"{values!r}", parameter=name, value=values)
+    require(len(values) <= MAX_LIST_ENTRIES, name, len(values),
+            f"{name} holds {len(values)} entries, at most {MAX_LIST_ENTRIES} are taken")
     if item_type is int:
         bad = [v for v in values
                if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer))]
@@ -289,6 +307,8 @@ def _as_logit_bias(bias) -> dict[int, float] | None:
         return None
     require(isinstance(bias, dict), "logit_bias", bias,
              f"logit_bias must be a dict of token id -> bias, got {bias!r}")
+    require(len(bias) <= MAX_LIST_ENTRIES, "logit_bias", len(bias),
+            f"logit_bias holds {len(bias)} entries, at most {MAX_LIST_ENTRIES} are taken")
     out = {}
     for key, value in bias.items():
         try:

@@ -192,3 +192,29 @@ def test_request_that_can_never_fit_the_pool_raises(llama_dir):
         outs = small.generate(prompts, greedy(6), use_tqdm=False)
     GreedyReference(llama_dir).compare_all(prompts, outs, 6)
     assert_no_leak(small)
+
+
+@pytest.mark.parametrize("kw, pattern", [
+    (dict(n=10**9, temperature=1.0), "n must be at most 16384, got 1000000000"),
+    (dict(n=16385, temperature=1.0), "n must be at most 16384"),
+    (dict(stop=["x"] * 1025), "stop holds 1025 strings, at most 1024"),
+    (dict(stop=["x" * 10**6]), "a stop string of 1000000 characters"),
+    (dict(bad_words=[f"w{i}" for i in range(1025)]), "bad_words holds 1025 words"),
+    (dict(stop_token_ids=list(range(2**20 + 1))), "stop_token_ids holds 1048577 entries"),
+    (dict(allowed_token_ids=[1] * (2**20 + 1)), "allowed_token_ids holds 1048577 entries"),
+    (dict(logprobs=10**9), "logprobs=1000000000 exceeds the vocabulary size"),
+    (dict(prompt_logprobs=10**9), "prompt_logprobs=1000000000 exceeds the vocabulary size"),
+])
+def test_every_per_request_fan_out_is_bounded(llm, kw, pattern):
+    """What one request may fan out to (sequences, list entries, stop strings) is refused past its
+    bound before anything is built from it, and the engine stays usable."""
+    with hang_guard(60), pytest.raises(ValueError, match=pattern):
+        llm.generate([[1, 2, 3]], SamplingParams(**kw), use_tqdm=False)
+    assert_no_leak(llm)
+    SamplingParams(n=16384, temperature=1.0, stop=["x"] * 1024)  # the bounds themselves are taken
+
+
+def test_beam_width_is_bounded_as_n_is():
+    from vllm_api.beam import BeamSearchParams
+    with pytest.raises(ValueError, match="beam_width must be at most 16384"):
+        BeamSearchParams(beam_width=10**9, max_tokens=4)

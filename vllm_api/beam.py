@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from core.sampling_params import MAX_N
 from vllm_api.errors import VLLMValidationError, refuse
 
 BEAM_LOGPROBS_FACTOR = 2  # candidates per beam and step, as Hugging Face and vLLM take
@@ -41,6 +42,9 @@ class BeamSearchParams:
             if value < 1:
                 raise VLLMValidationError(f"{name} must be at least 1, got {value}.",
                                           parameter=name, value=value)
+        if self.beam_width > MAX_N:  # each beam is a sequence: the bound on n
+            raise VLLMValidationError(f"beam_width must be at most {MAX_N}, got {self.beam_width}.",
+                                      parameter="beam_width", value=self.beam_width)
 
 
 @dataclass
