@@ -128,3 +128,35 @@ def test_a_step_rolled_back_publishes_nothing(llama_dir):
         llm.step()
     (stored,) = events_of(batches)
     assert stored.block_hashes == list(llm.prefix_cache.entries)[:2]
+
+
+def test_the_publisher_binds_before_the_model_loads_and_frees_its_port_on_failure(llama_dir, monkeypatch):
+    """As vLLM binds during start-up: the port is taken before the checkpoint loads (a subscriber
+    that connects early misses no batch of the first generate), and an LLM() that fails after
+    binding gives the port back."""
+    import vllm_api.llm_engine as llm_engine
+
+    port, seen = free_port(), []
+    real = llm_engine.load_checkpoint
+
+    def load_checkpoint(*args, **kwargs):
+        probe = zmq.Context.instance().socket(zmq.PUB)
+        probe.setsockopt(zmq.LINGER, 0)
+        try:
+            probe.bind(f"tcp://127.0.0.1:{port}")
+            seen.append("free")
+        except zmq.ZMQError:
+            seen.append("bound")
+        finally:
+            probe.close()
+        if len(seen) == 1:
+            raise RuntimeError("the checkpoint failed to load")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(llm_engine, "load_checkpoint", load_checkpoint)
+    config = KVEventsConfig(enable_kv_cache_events=True, endpoint=f"tcp://*:{port}", topic="kv")
+    with pytest.raises(RuntimeError, match="failed to load"):
+        make_llm(llama_dir, kv_events_config=config)
+    llm = make_llm(llama_dir, kv_events_config=config)  # the port was given back
+    llm.llm_engine.shutdown()
+    assert seen == ["bound", "bound"]

@@ -207,8 +207,21 @@ class KVEventStream:
                            callback, exc, batch.ts)
 
 
-def build_stream(config, prefix_cache, block_size: int):
-    """The event stream and its ZMQ publisher for ``kv_events_config`` (None when off)."""
+def start_publisher(config):
+    """The ZMQ publisher of ``kv_events_config``, bound now (None when off or not ZMQ): the
+    engine starts it before it loads the model, as vLLM binds during start-up, so a subscriber
+    that connects early misses no batch of the first ``generate()``."""
+    config = as_config(config)
+    if config is None or not config.enable_kv_cache_events or config.publisher != "zmq":
+        return None
+    if config.replay_endpoint is not None:
+        refuse("replaying KV events (replay_endpoint)", "subscribers get the live stream only")
+    from vllm_api.kv_events_zmq import ZmqEventPublisher
+    return ZmqEventPublisher(config.endpoint, config.topic, config.hwm)
+
+
+def build_stream(config, prefix_cache, block_size: int, publisher=None):
+    """The event stream for ``kv_events_config`` (None when off), feeding ``publisher``."""
     config = as_config(config)
     if config is None or not config.enable_kv_cache_events:
         return None
@@ -216,10 +229,7 @@ def build_stream(config, prefix_cache, block_size: int):
         raise ValueError("kv_events_config needs prefix caching: cache events name cached "
                          "blocks (enable_prefix_caching=False)")
     stream = KVEventStream(prefix_cache, block_size)
-    if config.publisher == "zmq":
-        if config.replay_endpoint is not None:
-            refuse("replaying KV events (replay_endpoint)", "subscribers get the live stream only")
-        from vllm_api.kv_events_zmq import ZmqEventPublisher
-        stream.publisher = ZmqEventPublisher(config.endpoint, config.topic, config.hwm)
-        stream.subscribe(stream.publisher.publish)
+    if publisher is not None:
+        stream.publisher = publisher
+        stream.subscribe(publisher.publish)
     return stream

@@ -28,7 +28,7 @@ from vllm_api.engine_args import translate_engine_args
 from vllm_api.intake import check_params_type, parse_prompt, reject_unsupported
 from vllm_api.kv_sizing import num_kv_blocks, resolve_max_model_len
 from vllm_api.loading import load_checkpoint
-from vllm_api.kv_events import build_stream
+from vllm_api.kv_events import build_stream, start_publisher
 from vllm_api.block_hash import hash_fn_for
 from vllm_api.llm_extras import LLMExtras
 from vllm_api.member_refusals import ENGINE_REFUSED
@@ -60,6 +60,15 @@ class LLMEngine(LLMExtras):
                                                            EngineConfig.__dataclass_fields__))
         self.device = torch.device(self.config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.model_path = Path(model)
+        publisher = start_publisher(self.config.kv_events_config)  # bound before the long load
+        try:
+            self._start(model, worker_cls, publisher)
+        except BaseException:
+            if publisher is not None:
+                publisher.shutdown()  # the port is free again for the caller's next try
+            raise
+
+    def _start(self, model, worker_cls, publisher) -> None:
         trust = self.config.trust_remote_code  # False: no code of the checkpoint runs
         loaded = load_checkpoint(self.model_path, self.config.dtype, self.device,
                                  self.config.hf_overrides, self.config.load_format, self.config.seed,
@@ -71,7 +80,7 @@ class LLMEngine(LLMExtras):
         self.eos_token_ids = set(eos_token_ids(self.model_path, loaded.config))
         self.engine_core = self._build_core(loaded)
         self.kv_events = build_stream(self.config.kv_events_config, self.prefix_cache,
-                                      self.config.block_size)  # None unless enabled
+                                      self.config.block_size, publisher)  # None unless enabled
         if self.kv_events is not None:
             self.engine_core.atomic.add(self.kv_events)  # an undone step publishes nothing
         self._auto_ids = itertools.count()
