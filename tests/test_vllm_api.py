@@ -14,6 +14,7 @@ from engine import (EngineArgs, LLMEngine, Logprob, RequestOutputKind, SamplingP
 from invariants import assert_idle
 from helpers import (MAX_POS, TIE_TOL, _hf_model, assert_no_leak, drain, greedy, make_llm,
                      random_prompt)
+from vllm_api.errors import UnsupportedFeatureError
 
 
 def hf_greedy_with(model_dir, prompt, max_new_tokens, eos_token_id=None, **gen_kwargs):
@@ -391,6 +392,10 @@ def test_chat_renders_the_template_and_generates(tokenizer_ckpt):
     assert [o.prompt_token_ids[:3] for o in batch] == [[10, 5, 6]] * 2 and len(batch[0].prompt_token_ids) == 4
     with pytest.raises(ValueError, match="chat template"):
         make_llm(tokenizer_ckpt).chat(conversation, greedy(2), use_tqdm=False)
+    (zero,) = llm.chat(conversation, greedy(2), use_tqdm=False, priority=[0])  # vLLM's default
+    assert zero.outputs[0].token_ids == out.outputs[0].token_ids[:2]
+    with pytest.raises(UnsupportedFeatureError, match="request priorities"):
+        llm.chat(conversation, greedy(2), use_tqdm=False, priority=[1])
     assert_idle(llm)
 
 

@@ -118,7 +118,7 @@ class LLM(LLMExtras):
         """vLLM's ``chat``: one conversation (a list of {"role", "content"} dicts) or a list of
         them, rendered with the tokenizer's chat template (or ``chat_template``), generated."""
         unsupported.pop("chat_template_content_format", None)  # plain-text contents only
-        reject_unsupported(lora_request, None, **unsupported)
+        reject_unsupported(lora_request, **unsupported)  # priority, if given, among them
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         template = read_template(chat_template or self.config.chat_template)
         prompts = [render_chat(self.tokenizer, c, template, add_generation_prompt,
