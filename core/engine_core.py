@@ -23,7 +23,7 @@ import threading
 from typing import Iterator
 
 from block_manager import BlockManager, KVCachePool
-from core.atomic import Atomic, fields_of, put_fields
+from core.atomic import RESTORE_TRIES, Atomic, fields_of, put_fields
 from core.backend import Backend
 from core.model_runner import ModelRunner
 from core.output_processor import OutputProcessor
@@ -105,6 +105,7 @@ class EngineCore:
 
     def _step(self) -> None:
         self.stepping = True
+        self._abort_abandoned()
         if self.model_runner.weights_changed():  # K/V of the old weights is never served again
             self.reset_prefix_cache(reset_running_requests=True)
         chunks = self.scheduler.schedule()
@@ -187,7 +188,19 @@ class EngineCore:
     def cancel(self, sink: OutputSink | None = None) -> None:
         """Abort every live request whose outputs go to ``sink`` (None: every request), each
         on its own: one that raises does not stop the others (the first error is raised at
-        the end). A ``generate()`` call cleans up by its sink: only its own requests."""
+        the end). A ``generate()`` call cleans up by its sink: only its own requests. A clean-up
+        cut short (a second Ctrl-C) is run again, as ``Atomic`` runs a restore again."""
+        first = None
+        for _ in range(RESTORE_TRIES):
+            try:
+                self._cancel_once(sink)
+                break
+            except BaseException as exc:  # noqa: BLE001 -- raised below, once the clean-up is done
+                first = first or exc
+        if first is not None:
+            raise first
+
+    def _cancel_once(self, sink: OutputSink | None) -> None:
         errors = []
         with self.lock:
             mine = [s for s in self.output_processor.requests.values() if sink in (None, s.sink)]
@@ -198,6 +211,12 @@ class EngineCore:
                 errors.append(exc)
         if errors:
             raise errors[0]
+
+    def _abort_abandoned(self) -> None:
+        """Requests whose caller is gone (a generate() whose clean-up a second interrupt cut
+        short): nobody waits for them, so they run no further."""
+        for state in [s for s in self.output_processor.requests.values() if s.sink.abandoned]:
+            self.output_processor.abort(state.request_id, state)
 
     def _apply_deferred_aborts(self) -> None:
         pending, self._deferred_aborts = self._deferred_aborts, []

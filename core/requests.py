@@ -9,6 +9,8 @@ found as soon as they complete. Everything here is written by the output process
 """
 from __future__ import annotations
 
+import weakref
+
 from dataclasses import dataclass, field
 
 from core.detokenizer import IncrementalDetokenizer
@@ -18,16 +20,27 @@ from core.sampling_params import RequestOutputKind, SamplingParams
 from scheduler import Sequence
 
 
+class Caller:
+    """Held by a call that waits on a sink (``OutputSink(owner=...)``) for as long as it waits."""
+
+
 class OutputSink:
     """Where a request's outputs go: the ``LLMEngine.step()`` caller's queue, or one
     ``generate()`` call's (which waits for its own requests to finish)."""
 
-    def __init__(self, takes_aborted: bool = False) -> None:
+    def __init__(self, takes_aborted: bool = False, owner: object | None = None) -> None:
         self.outputs: list[RequestOutput] = []
         self.num_finished = 0
         # A generate() call waits for each of its requests, so an abort must reach it too;
         # step()'s caller aborted the request itself and gets nothing more (as in vLLM).
         self.takes_aborted = takes_aborted
+        # The call waiting on this sink holds ``owner``; once it is gone, so is the caller (its
+        # own clean-up may have been cut short by a second Ctrl-C) and nobody reads the sink.
+        self._owner = None if owner is None else weakref.ref(owner)
+
+    @property
+    def abandoned(self) -> bool:
+        return self._owner is not None and self._owner() is None
 
     def put(self, output: RequestOutput) -> None:
         self.outputs.append(output)

@@ -229,3 +229,32 @@ def test_the_crafted_salt_denies_the_victim_no_cache_hit(llama_dir):
 def _ascii_prompt(n: int, seed: int) -> list[int]:
     """Token ids below 128: their int64 bytes are valid UTF-8, so they can be a salt's."""
     return [t % 127 + 1 for t in random_prompt(n, seed)]
+
+
+def test_a_generate_whose_clean_up_is_cut_short_leaves_nothing_running(llama_dir, monkeypatch):
+    """A Ctrl-C in a step, then a second one at generate()'s clean-up line (before it aborted
+    anything): the call is gone, so its requests are dropped by the next step (nobody waits for
+    them), and the next call answers as a fresh engine does."""
+    llm = make_llm(llama_dir, fast_paths=False)
+    prompts, check = [random_prompt(9, 90), random_prompt(12, 91)], random_prompt(7, 92)
+    want = llm.generate([check], greedy(4), use_tqdm=False)[0].outputs[0].token_ids
+    core = llm.llm_engine.engine_core
+    run, cancel = core.model_runner.run, core.cancel
+
+    def interrupted_run(*args, **kwargs):
+        raise KeyboardInterrupt("first")
+
+    def interrupted_cancel(sink=None):
+        raise KeyboardInterrupt("second, at the clean-up line")
+
+    monkeypatch.setattr(core.model_runner, "run", interrupted_run)
+    monkeypatch.setattr(core, "cancel", interrupted_cancel)
+    with pytest.raises(KeyboardInterrupt, match="second"):
+        llm.generate(prompts, greedy(100), use_tqdm=False)  # would outlast the next call
+    monkeypatch.setattr(core.model_runner, "run", run)
+    monkeypatch.setattr(core, "cancel", cancel)
+    assert llm.llm_engine.get_num_unfinished_requests() == 2  # left behind, to the next step
+    (out,) = llm.generate([check], greedy(4), use_tqdm=False)
+    assert out.outputs[0].token_ids == want
+    assert_idle(llm)
+    check_accounting(llm)

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from core.outputs import RequestOutput
-from core.requests import OutputSink
+from core.requests import Caller, OutputSink
 from core.sampling_params import RequestOutputKind
 from prefix_cache import PrefixCache
 from vllm_api.beam_search import beam_search
@@ -85,7 +85,8 @@ class LLM(LLMExtras):
         self._check_awake()
         prompts = _as_prompt_list(prompts)
         requests = list(zip(prompts, _params_list(sampling_params, prompts)))
-        sink = OutputSink(takes_aborted=True)
+        caller = Caller()  # alive while this call is: its requests are dropped once it is gone
+        sink = OutputSink(takes_aborted=True, owner=caller)
         try:
             states = self.llm_engine.add_requests(requests, RequestOutputKind.FINAL_ONLY, sink)
             self._run(sink, len(states), use_tqdm)
