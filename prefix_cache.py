@@ -60,6 +60,7 @@ class HashSource(enum.Enum):
     PRECOMPUTED = "precomputed at lookup"
     REUSED = "reused at save"
     DECODE = "computed at decode"
+    SAVE = "computed at save"             # a prompt no lookup hashed (it reads no cache)
     RECOMPUTED = "recomputed at lookup"   # the "before": the whole chain, at every lookup
     RECOMPUTED_AT_SAVE = "recomputed at save"
 
@@ -161,8 +162,9 @@ class PrefixCache:
         """The hash ``seq``'s block ``index`` is saved under."""
         if self.hash_strategy == "recompute":
             return self._rehash_block(seq, index, parent)  # the "before": one more call
-        if index >= len(seq._block_hashes):  # completed during decode: hashed now, once
-            self._precompute_block_hashes(seq, HashSource.DECODE)
+        if index >= len(seq._block_hashes):  # no lookup hashed it: hashed now, once
+            in_prompt = (index + 1) * self.block_size <= seq.num_prompt_tokens
+            self._precompute_block_hashes(seq, HashSource.SAVE if in_prompt else HashSource.DECODE)
         else:  # the chapter: the lookup already hashed it; read it, no call
             self._trace("reuse", seq, index, seq._block_hashes[index], source=HashSource.REUSED)
         return seq._block_hashes[index]

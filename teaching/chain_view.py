@@ -25,7 +25,8 @@ from engine import LLM, SamplingParams
 from prefix_cache import ChainEvent, HashSource
 
 # Sources that are real hash calls (REUSED only reads the hash the sequence already has).
-CALLS = {HashSource.PRECOMPUTED, HashSource.DECODE, HashSource.RECOMPUTED, HashSource.RECOMPUTED_AT_SAVE}
+CALLS = {HashSource.PRECOMPUTED, HashSource.DECODE, HashSource.SAVE, HashSource.RECOMPUTED,
+         HashSource.RECOMPUTED_AT_SAVE}
 AT_LOOKUP = {HashSource.PRECOMPUTED, HashSource.RECOMPUTED}
 
 

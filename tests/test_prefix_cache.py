@@ -347,3 +347,19 @@ def test_hash_events_count_the_hash_calls(llama_dir, strategy):
     assert stats["evictions"] > 0 and stats["preemptions"] > 0 and stats["prefix_cache_hits"] > 0
     assert kinds.count("hash") == stats["hash_computations"] > 0
     assert (kinds.count("reuse") > 0) == (strategy == "incremental")
+
+
+def test_a_prompt_that_reads_no_cache_is_hashed_at_save_not_at_decode(llama_dir):
+    """A request with prompt_logprobs reads no cache, so no lookup hashed its prompt: its prompt
+    blocks are hashed when saved ("computed at save"), its generated ones at decode."""
+    from prefix_cache import HashSource
+    llm = make_llm(llama_dir, block_size=4)
+    prompt = random_prompt(17, seed=95)  # 4 full prompt blocks
+    with llm.prefix_cache.recording() as events:
+        llm.generate([prompt], greedy(8, prompt_logprobs=1), use_tqdm=False)
+    sources = {}
+    for e in events:
+        if e.kind == "hash":
+            sources.setdefault(e.source, set()).add(e.index)
+    assert sources[HashSource.SAVE] == {0, 1, 2, 3}
+    assert sources[HashSource.DECODE] == {4, 5}  # tokens 16-23: completed while decoding
