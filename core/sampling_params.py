@@ -6,9 +6,12 @@ nothing queued, and nothing that passed submission can make a step raise. ``veri
 checks that need the vocabulary (logprobs counts, token ids in ``logit_bias``,
 ``allowed_token_ids``, ``stop_token_ids``) and tokenizes ``bad_words``.
 
-The names, defaults and error messages are vLLM's (the vLLM layer's ``SamplingParams`` adds
-the fields of features this engine does not serve); errors are ``ParameterError``, a
-``ValueError`` that names the parameter.
+The names and defaults are vLLM's (the vLLM layer's ``SamplingParams`` adds the fields of
+features this engine does not serve). The error messages are the core's own: errors are
+``ParameterError`` (core/errors.py), a ``ValueError`` carrying the parameter, the value, the
+rule it broke and the bound; ``LogprobsLimitError`` and ``OutOfVocabularyError`` for the
+vocabulary-bounded checks. The vLLM layer rewords them in vLLM's texts
+(vllm_api/validation.py).
 """
 from __future__ import annotations
 
@@ -19,6 +22,8 @@ import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from core.errors import LogprobsLimitError, OutOfVocabularyError, ParameterError
 
 GREEDY_TEMPERATURE = 1e-5   # below this, sampling is greedy (vLLM's _SAMPLING_EPS)
 MIN_TEMPERATURE = 1e-2      # 0 < temperature < this is raised to it (vLLM: avoids inf/nan)
@@ -31,15 +36,6 @@ MAX_LIST_ENTRIES = 1 << 20
 MAX_STOP_STRINGS = 1024
 MAX_STOP_CHARS = 4096
 SEED_RANGE = (-(2 ** 63), 2 ** 64)  # what a 64-bit generator seed can hold (int64 or uint64)
-
-
-class ParameterError(ValueError):
-    """A request value is invalid; ``parameter`` and ``value`` say which."""
-
-    def __init__(self, message: str, *, parameter: str | None = None, value=None) -> None:
-        super().__init__(message)
-        self.parameter = parameter
-        self.value = value
 
 
 class RequestOutputKind(enum.Enum):
@@ -117,9 +113,9 @@ class SamplingParams:
             _check_logprob_count(name, getattr(self, name), vocab_size, limit, max_logprobs)
         _check_token_ids("stop_token_ids", self.stop_token_ids, vocab_size)
         if self.allowed_token_ids is not None and not self.allowed_token_ids:
-            raise ParameterError("allowed_token_ids is not None and empty! (no token "
-                                 "could ever be sampled)", parameter="allowed_token_ids",
-                                 value=self.allowed_token_ids)
+            raise ParameterError("allowed_token_ids is empty: no token could ever be sampled",
+                                 parameter="allowed_token_ids", value=self.allowed_token_ids,
+                                 rule="empty")
         _check_token_ids("allowed_token_ids", self.allowed_token_ids, vocab_size)
         _check_token_ids("logit_bias", list(self.logit_bias or {}), vocab_size)
         if tokenizer is None and self.stop:
@@ -141,19 +137,21 @@ class SamplingParams:
 
     def _validate_counts(self) -> None:
         self.n = as_int("n", self.n)
-        require(self.n >= 1, "n", self.n, f"n must be at least 1, got {self.n}.")
+        require(self.n >= 1, "n", self.n, f"n must be >= 1 (one sequence at least), "
+                                          f"got {self.n}", rule="minimum", bound=1)
         require(self.n <= MAX_N, "n", self.n, f"n must be at most {MAX_N}, got {self.n}.")
         if self.max_tokens is not None:
             self.max_tokens = as_int("max_tokens", self.max_tokens)
             require(self.max_tokens >= 1, "max_tokens", self.max_tokens,
-                     f"max_tokens must be at least 1, got {self.max_tokens}.")
+                    f"max_tokens must be >= 1 (or None: up to max_model_len), got "
+                    f"{self.max_tokens}", rule="minimum", bound=1)
         self.min_tokens = as_int("min_tokens", self.min_tokens)
         require(self.min_tokens >= 0, "min_tokens", self.min_tokens,
-                 f"min_tokens must be greater than or equal to 0, got {self.min_tokens}.")
+                f"min_tokens must be >= 0, got {self.min_tokens}", rule="minimum", bound=0)
         if self.max_tokens is not None:
             require(self.min_tokens <= self.max_tokens, "min_tokens", self.min_tokens,
-                     f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, "
-                     f"got {self.min_tokens}.")
+                    f"min_tokens ({self.min_tokens}) exceeds max_tokens ({self.max_tokens})",
+                    rule="maximum", bound=self.max_tokens)
         if self.seed is not None:
             self.seed = as_int("seed", self.seed, hint="a 64-bit integer")
             require(SEED_RANGE[0] <= self.seed < SEED_RANGE[1], "seed", self.seed,
@@ -164,30 +162,35 @@ class SamplingParams:
     def _validate_penalties_and_filters(self) -> None:
         for name in ("presence_penalty", "frequency_penalty"):
             value = _as_float(name, getattr(self, name))
-            require(-2.0 <= value <= 2.0, name, value, f"{name} must be in [-2, 2], got {value}.")
+            require(-2.0 <= value <= 2.0, name, value, f"{name} must lie in [-2, 2], got {value}",
+                    rule="range", bound=(-2.0, 2.0))
             setattr(self, name, value)
         self.repetition_penalty = _as_float("repetition_penalty", self.repetition_penalty)
         require(math.isfinite(self.repetition_penalty), "repetition_penalty",
                  self.repetition_penalty, f"repetition_penalty must be a finite number, got "
                                           f"{self.repetition_penalty}.")
         require(self.repetition_penalty > 0.0, "repetition_penalty", self.repetition_penalty,
-                 f"repetition_penalty must be greater than zero, got {self.repetition_penalty}.")
+                f"repetition_penalty must be > 0 (1: off), got {self.repetition_penalty}",
+                rule="positive", bound=0.0)
         self.top_p = _as_float("top_p", self.top_p)
         require(0.0 < self.top_p <= 1.0, "top_p", self.top_p,
-                 f"top_p must be in (0, 1], got {self.top_p}.")
+                f"top_p must lie in (0, 1] (1: off), got {self.top_p}", rule="range",
+                bound=(0.0, 1.0))
         self.min_p = _as_float("min_p", self.min_p)
         require(0.0 <= self.min_p <= 1.0, "min_p", self.min_p,
-                 f"min_p must be in [0, 1], got {self.min_p}.")
+                f"min_p must lie in [0, 1] (0: off), got {self.min_p}", rule="range",
+                bound=(0.0, 1.0))
         self.top_k = as_int("top_k", self.top_k)
         require(self.top_k >= -1, "top_k", self.top_k,
-                 f"top_k must be 0 (disable), or at least 1, got {self.top_k}.")
+                f"top_k must be >= 1, or 0 / -1 (off), got {self.top_k}", rule="minimum",
+                bound=-1)
 
     def _validate_temperature(self) -> None:
         value = self.temperature = _as_float("temperature", self.temperature)
         require(math.isfinite(value), "temperature", value,
                  f"temperature must be a finite number, got {value}.")
         require(value >= 0.0, "temperature", value,
-                 f"temperature must be non-negative, got {value}.")
+                f"temperature must be >= 0 (0: greedy), got {value}", rule="minimum", bound=0.0)
         require(value <= 2.0, "temperature", value, f"temperature must be in [0, 2], got {value}.")
         if 0 < self.temperature < MIN_TEMPERATURE:
             warnings.warn(f"temperature {self.temperature} is below {MIN_TEMPERATURE}, which "
@@ -196,13 +199,15 @@ class SamplingParams:
         if self.greedy:
             self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0  # they change nothing under argmax
             require(self.n == 1, "n", self.n,
-                     f"n must be 1 when using greedy sampling, got {self.n}.")
+                    f"greedy sampling (temperature 0) gives one sequence, so n must be 1, "
+                    f"got {self.n}", rule="greedy", bound=1)
 
     def _validate_stops(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = _as_list("stop", self.stop, str)
-        require(all(self.stop), "stop", self.stop, "stop cannot contain an empty string.")
+        require(all(self.stop), "stop", self.stop, "an empty stop string would stop at once; "
+                "stop takes non-empty strings", rule="empty_entry")
         require(len(self.stop) <= MAX_STOP_STRINGS, "stop", len(self.stop),
                  f"stop holds {len(self.stop)} strings, at most {MAX_STOP_STRINGS} are taken "
                  f"(each is searched for at every step)")
@@ -210,8 +215,8 @@ class SamplingParams:
         require(longest <= MAX_STOP_CHARS, "stop", longest,
                  f"a stop string of {longest} characters: at most {MAX_STOP_CHARS} are taken")
         require(not self.stop or _is_bool(self.detokenize, True), "stop", self.stop,
-                 "stop strings are only supported when detokenize is True. "
-                 "Set detokenize=True to use stop.")
+                "stop strings are matched on the output text, which detokenize=False does "
+                "not make; use detokenize=True or stop_token_ids", rule="needs_detokenize")
         ids = _as_list("stop_token_ids", self.stop_token_ids, int)
         self.stop_token_ids = list(dict.fromkeys(ids))
 
@@ -223,7 +228,8 @@ class SamplingParams:
             if value is not None:
                 value = as_int(name, value, hint="an integer >= 0, or -1 (all)")
                 require(value >= -1, name, value,
-                         f"{name} must be non-negative or -1, got {value}.")
+                        f"{name} must be >= 0, or -1 (the whole vocabulary), got {value}",
+                        rule="minimum", bound=-1)
             setattr(self, name, value)
         for name in ("ignore_eos", "detokenize", "skip_special_tokens",
                      "spaces_between_special_tokens", "include_stop_str_in_output"):
@@ -249,9 +255,11 @@ class SamplingParams:
 # ---------------------------------------------------------------------- field checks
 # require / check_bool / as_int are public: a layer adding fields (vllm_api) checks them alike.
 
-def require(condition: bool, parameter: str, value, message: str) -> None:
+def require(condition: bool, parameter: str, value, message: str, rule: str | None = None,
+            bound=None) -> None:
+    """Raise ``ParameterError(message)`` with the structured fields unless ``condition``."""
     if not condition:
-        raise ParameterError(message, parameter=parameter, value=value)
+        raise ParameterError(message, parameter=parameter, value=value, rule=rule, bound=bound)
 
 
 def _is_bool(value, expected: bool) -> bool:
@@ -314,9 +322,9 @@ def _as_logit_bias(bias) -> dict[int, float] | None:
         try:
             token = int(key) if isinstance(key, str) else as_int("logit_bias key", key)
         except (ValueError, ParameterError):
-            raise ParameterError(f"logit_bias contains key(s) that cannot be converted to "
-                                 f"integer token IDs: {[key]!r}", parameter="logit_bias",
-                                 value=[key]) from None
+            raise ParameterError(f"logit_bias keys are token ids (ints, or strings of "
+                                 f"digits), got {key!r}", parameter="logit_bias",
+                                 value=[key], rule="key_type") from None
         out[token] = _as_float(f"logit_bias[{token}]", value)
         require(math.isfinite(out[token]), "logit_bias", bias,
                  f"logit_bias[{token}] must be finite, got {value}")
@@ -328,20 +336,16 @@ def _check_logprob_count(name: str, value: int | None, vocab_size: int, limit: i
     if value is None or value == 0:
         return
     wanted = vocab_size if value == -1 else value
-    what = "sample logprobs" if name == "logprobs" else "prompt logprobs"
     require(wanted <= vocab_size, name, value,
              f"{name}={value} exceeds the vocabulary size {vocab_size}")
-    require(wanted <= limit, name, value,
-             f"Requested {what} of {wanted}, which is greater than max allowed: {limit} "
-             f"(the engine argument max_logprobs={max_logprobs}, as in vLLM; "
-             f"max_logprobs=-1 allows the whole vocabulary)")
+    if wanted > limit:
+        raise LogprobsLimitError(name, value, wanted, limit, max_logprobs)
 
 
 def _check_token_ids(name: str, ids, vocab_size: int) -> None:
     bad = [t for t in ids or () if not 0 <= t < vocab_size]
-    require(not bad, name, bad, f"token_id(s) {bad[:5]} in {name} contain out-of-vocab token "
-                                 f"ids. Vocabulary size: {vocab_size} (the vocabulary is "
-                                 f"[0, {vocab_size}))")
+    if bad:
+        raise OutOfVocabularyError(name, bad, vocab_size)
 
 
 def _tokenize_bad_words(words: list[str], tokenizer, vocab_size: int) -> list[list[int]] | None:

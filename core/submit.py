@@ -7,6 +7,11 @@ checks the ids against the vocabulary, takes the engine's own verified copy of t
 parameters (a caller mutating its object afterwards changes nothing queued), checks that the
 request fits the model and the pool, and builds the records: one ``RequestState`` and a
 ``Sequence`` per each of its ``n`` samples.
+
+Errors are the core's, in its own words: a ``ValueError`` naming what is wrong, and where a
+caller may want to word it otherwise, one of core/errors.py's that carries it as fields
+(``ParameterError`` with a ``rule``, ``OutOfVocabularyError``, ``PromptTooLongError``). The
+vLLM layer rewords those in vLLM's texts (vllm_api/validation.py).
 """
 from __future__ import annotations
 
@@ -16,7 +21,8 @@ import numpy as np
 
 from core.detokenizer import IncrementalDetokenizer
 from core.requests import OutputSink, RequestState, SequenceState
-from core.sampling_params import ParameterError, RequestOutputKind, SamplingParams
+from core.errors import OutOfVocabularyError, ParameterError, PromptTooLongError
+from core.sampling_params import RequestOutputKind, SamplingParams
 from scheduler import Sequence
 
 DETOKENIZE_CONTEXT = 5  # prompt tokens the output text is decoded after (vLLM's offset)
@@ -74,12 +80,13 @@ def check_prompt_ids(token_ids, vocab_size: int) -> np.ndarray:
     if ids.size and (ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer)):
         raise ValueError(f"a prompt must be a flat list of integer token ids, got an array of "
                          f"shape {ids.shape} and dtype {ids.dtype}")
-    if ids.size == 0:  # vLLM's words, here and below (its tests match on them)
-        raise ParameterError("The decoder prompt cannot be empty")
+    if ids.size == 0:
+        raise ParameterError("the prompt has no tokens; a request needs at least one",
+                             parameter="prompt_token_ids", value=[], rule="empty")
     out_of_range = (ids < 0) | (ids >= vocab_size)
     if out_of_range.any():
-        raise ParameterError(f"Token id {int(ids[out_of_range][0])} is out of vocabulary "
-                             f"(vocab size {vocab_size})", parameter="prompt_token_ids")
+        raise OutOfVocabularyError("prompt_token_ids", [int(t) for t in ids[out_of_range]],
+                                   vocab_size)
     return ids.astype(np.int64)
 
 
@@ -130,21 +137,11 @@ def child_params(params: SamplingParams) -> list[SamplingParams]:
 
 
 def check_prompt_length(num_prompt_tokens: int, max_model_len: int) -> None:
-    """A prompt must leave room for one generated token within ``max_model_len``; vLLM's
-    messages, word for word (its tests match on them)."""
-    if num_prompt_tokens > max_model_len:
-        raise ParameterError(
-            f"This model's maximum context length is {max_model_len} tokens. However, your "
-            f"prompt contains {num_prompt_tokens} input tokens, which exceeds this limit even "
-            f"without any output tokens. Please reduce the length of the input prompt.",
-            parameter="input_tokens", value=num_prompt_tokens)
-    if num_prompt_tokens == max_model_len:
-        raise ParameterError(
-            f"The decoder prompt (length {num_prompt_tokens}) plus the number of requested "
-            f"output tokens (at least 1) is longer than the maximum model length of "
-            f"{max_model_len}. Make sure that `max_model_len` is no smaller than the number of "
-            f"text tokens (prompt + requested output tokens).",
-            parameter="prompt", value=num_prompt_tokens)
+    """A prompt must leave room for one generated token within ``max_model_len``: else a
+    ``PromptTooLongError`` (its ``exceeds`` tells a prompt over the limit from one that fills
+    it, which vLLM words differently)."""
+    if num_prompt_tokens >= max_model_len:
+        raise PromptTooLongError(num_prompt_tokens, max_model_len)
 
 
 def check_fits(num_prompt_tokens: int, max_tokens: int, limits: Limits) -> int:

@@ -1,8 +1,10 @@
 """The exception types vLLM clients catch, and the one way this engine refuses a feature.
 
-vLLM 0.32 raises ``VLLMValidationError`` for a bad request value; here it is the core's
-``ParameterError``, a ``ValueError``, so ``except ValueError`` and
-``except VLLMValidationError`` both catch it. A feature this engine does not serve (LoRA,
+vLLM 0.32 raises ``VLLMValidationError`` for a bad request value; here it is a subclass of
+the core's ``ParameterError``, a ``ValueError``, so ``except ValueError`` and
+``except VLLMValidationError`` both catch it. The core words its errors its own way;
+vllm_api/validation.py rewords them in vLLM's texts wherever the vLLM layer calls the core's
+checks. A feature this engine does not serve (LoRA,
 structured outputs, beam search, pooling, ...) is refused when it is *used* -- its parameter
 objects construct fine -- with an ``UnsupportedFeatureError`` whose message names the feature.
 An attribute of vLLM's classes that this engine has no counterpart for raises
@@ -12,9 +14,12 @@ An attribute of vLLM's classes that this engine has no counterpart for raises
 """
 from __future__ import annotations
 
-from core.sampling_params import ParameterError
+from core.errors import ParameterError
 
-VLLMValidationError = ParameterError
+
+class VLLMValidationError(ParameterError):
+    """vLLM's error for a bad request value, in vLLM's words; ``parameter`` and ``value`` name
+    it (and ``rule`` / ``bound``, from the core's error it rewords)."""
 
 
 class UnsupportedFeatureError(ValueError):

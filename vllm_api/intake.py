@@ -1,7 +1,7 @@
 """Request intake in vLLM's terms: prompts in vLLM's forms become token ids, and the
 per-request options vLLM has and this engine lacks are refused by name. What the core checks
 of every request (ids in the vocabulary, the parameters verified, fits the pool) is
-core/submit.py.
+core/submit.py; its errors reach vLLM's callers in vLLM's words (validation.py).
 
 Prompts take vLLM's forms: a string, a ``TextPrompt`` / ``TokensPrompt`` dict (``prompt`` or
 ``prompt_token_ids``, optionally ``cache_salt``), or (our extra) a list / array / tensor of ids.
@@ -22,6 +22,7 @@ from core.submit import check_prompt_ids
 from vllm_api.beam import BeamSearchParams
 from vllm_api.errors import refuse
 from vllm_api.pooling import POOLING_REASON, PoolingParams
+from vllm_api.validation import in_vllms_words
 
 PROMPT_KEYS = {"prompt", "prompt_token_ids", "cache_salt", "multi_modal_data",
                "mm_processor_kwargs", "multi_modal_uuids"}
@@ -138,9 +139,12 @@ def _check_prompt_dict(prompt: dict) -> None:
 
 
 def _as_token_ids(prompt, vocab_size: int) -> np.ndarray:
+    """The core's prompt checks, its errors in vLLM's words ("The decoder prompt cannot be
+    empty", "Token id 512 is out of vocabulary (vocab size 512)")."""
     if isinstance(prompt, torch.Tensor):
         prompt = prompt.cpu().numpy()
-    return check_prompt_ids(prompt, vocab_size)
+    with in_vllms_words():
+        return check_prompt_ids(prompt, vocab_size)
 
 
 def check_params_type(params) -> None:

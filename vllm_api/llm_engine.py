@@ -3,7 +3,8 @@
 It reads vLLM's engine arguments (``EngineConfig``), loads the checkpoint and its side files,
 sizes the KV pool, picks the backend (the fast layer's, or the plain path with
 ``fast_paths=False``) and builds one ``EngineCore`` from those parts. Then it only translates:
-vLLM's prompt forms into token ids, vLLM's options into the core's, automatic request ids.
+vLLM's prompt forms into token ids, vLLM's options into the core's, automatic request ids,
+the core's errors into vLLM's words.
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ from vllm_api.model_config import ModelConfig
 from vllm_api.output_view import OutputProcessorView
 from vllm_api.refusals import refuses
 from vllm_api.sampling_params import SamplingParams
+from vllm_api.validation import in_vllms_words
 from vllm_api.worker import worker_class
 
 SAMPLING_DEFAULT_KEYS = ("repetition_penalty", "presence_penalty", "frequency_penalty",
@@ -196,13 +198,15 @@ class LLMEngine(LLMExtras):
     def add_requests(self, requests: list, output_kind: RequestOutputKind | None = None,
                      sink: OutputSink | None = None, request_ids=None) -> list[RequestState]:
         """Check every (prompt, params) first, then queue them all: one bad request queues
-        nothing. ``output_kind`` None: each request's own; ``sink`` None: ``step()``'s caller."""
-        parsed = [self._parse(prompt, params) for prompt, params in requests]
-        with self.engine_core.operation():
-            ids = self._claim_ids(request_ids or [None] * len(requests))
-            return self.engine_core.add_requests(
-                [Request(rid, p.token_ids, params, p.text, p.cache_salt, output_kind)
-                 for rid, (p, params) in zip(ids, parsed)], sink)
+        nothing. ``output_kind`` None: each request's own; ``sink`` None: ``step()``'s caller.
+        The core's errors come out in vLLM's words (validation.py)."""
+        with in_vllms_words():
+            parsed = [self._parse(prompt, params) for prompt, params in requests]
+            with self.engine_core.operation():
+                ids = self._claim_ids(request_ids or [None] * len(requests))
+                return self.engine_core.add_requests(
+                    [Request(rid, p.token_ids, params, p.text, p.cache_salt, output_kind)
+                     for rid, (p, params) in zip(ids, parsed)], sink)
 
     def _parse(self, prompt, params):
         params = params if params is not None else self.get_default_sampling_params()

@@ -2,7 +2,9 @@
 features this engine does not serve, and the msgspec-struct introspection scripts use.
 
 Those fields construct at any value and are refused when the parameters are used (``verify``,
-at submission), as vLLM checks them there too, with a message that names the feature.
+at submission), as vLLM checks them there too, with a message that names the feature. The
+core's checks run ``in_vllms_words()`` (validation.py): their errors are
+``VLLMValidationError``s with vLLM's messages.
 ``extra_args``, ``skip_clone`` and ``stream_interval`` are carried and change nothing.
 """
 from __future__ import annotations
@@ -12,12 +14,13 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from core.sampling_params import DEFAULT_MAX_LOGPROBS, ParameterError, RequestOutputKind
+from core.sampling_params import DEFAULT_MAX_LOGPROBS, RequestOutputKind
 from core.sampling_params import SamplingParams as CoreSamplingParams
 from core.sampling_params import as_int, check_bool, require
-from vllm_api.errors import refuse
+from vllm_api.errors import VLLMValidationError, refuse
 from vllm_api.member_refusals import SAMPLING_REFUSED
 from vllm_api.refusals import refuses
+from vllm_api.validation import in_vllms_words
 
 __all__ = ["SamplingParams", "SamplingType", "RequestOutputKind", "RepetitionDetectionParams"]
 
@@ -135,9 +138,10 @@ class SamplingParams(CoreSamplingParams):
     def check_against(self, vocab_size: int, max_logprobs: int = DEFAULT_MAX_LOGPROBS,
                       tokenizer=None) -> None:
         """The core's checks (at submission), after refusing the features this engine lacks."""
-        self._validate()
-        self._refuse_unsupported()
-        super().check_against(vocab_size, max_logprobs, tokenizer)
+        with in_vllms_words():
+            self._validate()
+            self._refuse_unsupported()
+            super().check_against(vocab_size, max_logprobs, tokenizer)
 
     def verify(self, model_config, speculative_config=None, structured_outputs_config=None,
                tokenizer=None) -> None:
@@ -145,6 +149,10 @@ class SamplingParams(CoreSamplingParams):
         self.check_against(model_config.get_vocab_size(), model_config.max_logprobs, tokenizer)
 
     def _validate(self) -> None:
+        with in_vllms_words():
+            self._validate_fields()
+
+    def _validate_fields(self) -> None:
         super()._validate()
         check_bool("skip_clone", self.skip_clone)
         if self.stream_interval is not None:
@@ -152,7 +160,7 @@ class SamplingParams(CoreSamplingParams):
             require(self.stream_interval >= 1, "stream_interval", self.stream_interval,
                      f"stream_interval must be at least 1, got {self.stream_interval}.")
         if self.extra_args is not None and not isinstance(self.extra_args, dict):
-            raise ParameterError(f"extra_args must be a dict, got "
+            raise VLLMValidationError(f"extra_args must be a dict, got "
                                  f"{type(self.extra_args).__name__}",
                                  parameter="extra_args", value=self.extra_args)
 
