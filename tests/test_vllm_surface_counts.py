@@ -216,18 +216,15 @@ def sampling_fields() -> dict[str, object]:
             if m["kind"] == "field"}
 
 
-SAMPLING_GAPS = {"output_text_buffer_length"}  # vLLM's field, a read-only property here
-
-
 def test_sampling_params_take_vllms_fields_by_name():
     literal = {n: d for n, d in sampling_fields().items()
-               if n not in SAMPLING_GAPS and not (isinstance(d, str) and d.startswith("<"))}
+               if not (isinstance(d, str) and d.startswith("<"))}
     params = SamplingParams(**literal)  # each of vLLM's fields at vLLM's default
     for name, default in literal.items():  # None may read as the empty list it means
         assert getattr(params, name) == default or (default is None and getattr(params, name)
                                                     in ([], {})), name
     missing = [n for n in sampling_fields() if n not in inspect.signature(SamplingParams).parameters]
-    assert set(missing) <= SAMPLING_GAPS
+    assert not missing
 
 
 ON = {"structured_outputs": StructuredOutputsParams(regex="a+"),
@@ -243,17 +240,18 @@ def test_sampling_params_fields_it_cannot_serve_are_refused_by_name():
             params.check_against(vocab_size=100)
 
 
-@pytest.mark.xfail(strict=True, reason="gap: SamplingParams(output_text_buffer_length=...) is a "
-                                       "TypeError; vLLM's is a struct field (a property here)")
 def test_sampling_params_take_output_text_buffer_length():
+    """A field, as vLLM's: the value given is kept, stop strings set it (longest - 1)."""
     assert SamplingParams(output_text_buffer_length=0).output_text_buffer_length == 0
+    assert SamplingParams(stop=["abc", "de"]).output_text_buffer_length == 2
+    assert SamplingParams(stop=["abc"], include_stop_str_in_output=True).output_text_buffer_length == 0
 
 
 @pytest.mark.parametrize("cls", ["LLMEngine", "AsyncLLM"])
 def test_engine_constructor_parameters_vllm_builds_from_a_vllm_config(cls):
     """vLLM builds these from a VllmConfig (``vllm_config``, ``executor_class``, ...); here they
     take ``model`` and engine arguments. The one engine argument among them is refused by name;
-    see the xfail below for the rest."""
+    the rest are refused by name at construction (the test below)."""
     theirs = init_params(cls)
     assert theirs[0] == "vllm_config"
     assert list(inspect.signature(classes()[cls]).parameters) == ["model", "engine_args"]
@@ -262,10 +260,6 @@ def test_engine_constructor_parameters_vllm_builds_from_a_vllm_config(cls):
         ea.translate_engine_args({"aggregate_engine_logging": "on, please"}, OWN)
 
 
-@pytest.mark.xfail(strict=True, reason="gap: LLMEngine / AsyncLLM(vllm_config=..., "
-                                       "executor_class=..., log_stats=..., ...) raise TypeError "
-                                       "'unknown engine argument', not a refusal naming the "
-                                       "feature (building from a VllmConfig)")
 @pytest.mark.parametrize("cls", ["LLMEngine", "AsyncLLM"])
 def test_engine_constructor_parameters_are_refused_by_name(cls, llama_dir):
     for name in init_params(cls):

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from vllm_api.config import EngineConfig
 from vllm_api.engine_arg_refusals import FEATURE_OF, check_off
+from vllm_api.errors import refuse
 from vllm_api.refusals import refuses, vllm_members
 
 ONE_DEVICE = "this engine runs in one process on one device"
@@ -145,6 +146,24 @@ ENGINE_ARGS_REFUSED = {name: BUILD_IT for name in (
     "create_speculative_config", "create_diffusion_config", "create_watermark_config",
     "create_structured_outputs_config", "create_observability_config", "create_logging_config",
     "create_engine_config", "get_batch_defaults")}
+
+
+# vLLM's LLMEngine / AsyncLLM constructor parameters that are not engine arguments: vLLM builds
+# them from its internal config and executor; here they take the model and engine arguments.
+CONSTRUCTOR_INTERNALS = ("vllm_config", "executor_class", "log_stats", "usage_context",
+                         "stat_loggers", "mm_registry", "multiprocess_mode", "use_cached_outputs",
+                         "log_requests", "start_engine_loop", "client_addresses", "client_count",
+                         "client_index", "profiler")
+
+
+def refuse_constructor_internals(kwargs: dict) -> None:
+    """Refuse, by name, a vLLM constructor parameter given a value (None is its absence)."""
+    for name in CONSTRUCTOR_INTERNALS:
+        if kwargs.get(name) is not None:
+            refuse(f"building the engine from vLLM's internals ({name}=)",
+                   "pass the model and engine arguments (EngineArgs' fields), as LLM(...) takes "
+                   "them; the engine has no executor, stat loggers or front-end clients")
+        kwargs.pop(name, None)
 
 
 def translate_engine_args(kwargs: dict, own_fields) -> dict:

@@ -25,7 +25,7 @@ from fast.backend import build_backend
 from fast.tuning import CpuTuning
 from vllm_api.checkpoint_files import eos_token_ids, generation_config, load_tokenizer
 from vllm_api.config import EngineConfig
-from vllm_api.engine_args import translate_engine_args
+from vllm_api.engine_args import refuse_constructor_internals, translate_engine_args
 from vllm_api.intake import check_params_type, parse_prompt, reject_unsupported
 from vllm_api.kv_sizing import num_kv_blocks, resolve_max_model_len
 from vllm_api.loading import load_checkpoint
@@ -58,6 +58,7 @@ class LLMEngine(LLMExtras):
 
     def __init__(self, model: str | os.PathLike, **engine_args) -> None:
         worker_cls = worker_class(engine_args.pop("worker_extension_cls", None))
+        refuse_constructor_internals(engine_args)
         self.config = EngineConfig(**translate_engine_args(engine_args,
                                                            EngineConfig.__dataclass_fields__))
         self.device = torch.device(self.config.device or ("cuda" if torch.cuda.is_available() else "cpu"))

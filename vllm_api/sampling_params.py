@@ -78,6 +78,9 @@ class SamplingParams(CoreSamplingParams):
     flat_logprobs: bool = False
     trace_decode_token_ids: list[int] | None = None
     routed_experts_prompt_start: int = 0
+    # Characters held back while streaming, so a stop string can still be cut: a field, as in
+    # vLLM, set from the stop strings when there are any (the value given is kept otherwise).
+    output_text_buffer_length: int = 0
 
     @property
     def sampling_type(self) -> SamplingType:
@@ -101,12 +104,6 @@ class SamplingParams(CoreSamplingParams):
         """vLLM sets this from the model at submission; here the engine keeps EOS ids itself."""
         return None
 
-    @property
-    def output_text_buffer_length(self) -> int:
-        """Characters held back while streaming, so a stop string can still be cut."""
-        if not self.stop or self.include_stop_str_in_output:
-            return 0
-        return max(len(s) for s in self.stop) - 1
 
     @staticmethod
     def from_optional(
@@ -154,6 +151,8 @@ class SamplingParams(CoreSamplingParams):
 
     def _validate_fields(self) -> None:
         super()._validate()
+        if self.stop and not self.include_stop_str_in_output:
+            self.output_text_buffer_length = max(len(s) for s in self.stop) - 1
         check_bool("skip_clone", self.skip_clone)
         if self.stream_interval is not None:
             self.stream_interval = as_int("stream_interval", self.stream_interval)
