@@ -14,12 +14,15 @@ free block that still carries a hash is popped for reuse, ``allocate`` hands it 
 the map's entry).
 
 The block manager owns every block's fields and the free queue's order. They live in one
-column per field (``BlockColumns``; a ``Block`` is a handle onto its row), so ``snapshot()`` is
-a few list copies and ``restore()`` puts them all back: the engine core calls the pair around
-each operation (core/atomic.py), and nothing here needs to know.
+column per field (``BlockColumns``; a ``Block`` is a handle onto its row). ``snapshot()`` copies
+a column only when it is first written while the snapshot is held (most decode steps write
+none: the pool changes when a block fills or frees), and ``restore()`` puts those copies back:
+the engine core calls the pair around each operation (core/atomic.py), and nothing else here
+needs to know.
 """
 from __future__ import annotations
 
+import weakref
 from typing import Callable
 
 import torch
@@ -29,18 +32,39 @@ FIELDS = ("ref_count", "generation", "block_hash", "token_bytes", "parent", "sal
 DEFAULTS = (0, 0, None, None, None, None, None, None, False)
 
 
+class ColumnCopies:
+    """A snapshot of the columns: ``columns[name]``, the column as it was, for each column
+    written since it was taken."""
+
+    __slots__ = ("columns", "__weakref__")
+
+    def __init__(self) -> None:
+        self.columns: dict[str, list] = {}
+
+
 class BlockColumns:
     """Every block's fields, one list per field, indexed by block id."""
 
     def __init__(self, num_blocks: int) -> None:
         for name, default in zip(FIELDS, DEFAULTS):
             setattr(self, name, [default] * num_blocks)
+        self._held: weakref.WeakSet[ColumnCopies] = weakref.WeakSet()  # snapshots still held
 
-    def copy(self) -> tuple[list, ...]:
-        return tuple(getattr(self, name).copy() for name in FIELDS)
+    def snapshot(self) -> ColumnCopies:
+        copies = ColumnCopies()
+        self._held.add(copies)
+        return copies
 
-    def put_back(self, saved: tuple[list, ...]) -> None:
-        for name, values in zip(FIELDS, saved):
+    def write(self, name: str, block_id: int, value) -> None:
+        """One field of one block; each held snapshot first copies a column it has not yet."""
+        column = getattr(self, name)
+        for copies in self._held:
+            if name not in copies.columns:
+                copies.columns[name] = column.copy()
+        column[block_id] = value
+
+    def put_back(self, copies: ColumnCopies) -> None:
+        for name, values in copies.columns.items():
             getattr(self, name)[:] = values  # the same lists: Block handles keep reading them
 
 
@@ -49,7 +73,7 @@ def _column(name: str, doc: str) -> property:
         return getattr(block.columns, name)[block.block_id]
 
     def set_(block: Block, value) -> None:
-        getattr(block.columns, name)[block.block_id] = value
+        block.columns.write(name, block.block_id, value)
 
     return property(get, set_, doc=doc)
 
@@ -219,7 +243,7 @@ class BlockManager:
     def snapshot(self) -> tuple:
         """Every block's fields and the free queue's ends, to ``restore`` after a failure."""
         fq = self.free_queue
-        return self.columns.copy(), fq.head_id, fq.tail_id, fq.size
+        return self.columns.snapshot(), fq.head_id, fq.tail_id, fq.size
 
     def restore(self, saved: tuple) -> None:
         columns, head, tail, size = saved
