@@ -97,6 +97,16 @@ def chain_prompt(llm: LLM, args) -> list[int]:
     return torch.randint(0, llm.model_config.vocab_size, (length,), generator=g).tolist()
 
 
+def prompt_source(args) -> str:
+    """Where ``chain_prompt`` took the token ids from, as the header says it."""
+    if args.prompt is not None:
+        return "--prompt's text, through the model's tokenizer"
+    spec = Path(args.model) / "prompts.json"
+    if spec.is_file():
+        return f"{Path(args.model).name}/prompts.json, prompt 0"
+    return f"random ids, seed {args.seed} (the model has no prompts.json)"
+
+
 def change_position(args, prompt: list[int]) -> int:
     k = len(prompt) // 2 if args.change_at is None else args.change_at
     if not 0 <= k < len(prompt):
@@ -234,7 +244,7 @@ def main(args) -> int:
     llm = chain_llm(args, "incremental", args.max_num_batched_tokens)
     prompt = chain_prompt(llm, args)
     k, decode = change_position(args, prompt), llm.block_size + 1
-    print_header(llm, prompt, decode)
+    print_header(llm, prompt, decode, prompt_source(args))
     cold_events, (tokens,) = traced(llm, [prompt], decode)
     again_events, _ = traced(llm, [prompt], decode)
     cold, again = trace_blocks(cold_events, "0"), trace_blocks(again_events, "1")
@@ -261,13 +271,13 @@ def chain_llm(args, strategy: str, step_budget: int) -> LLM:
                enforce_eager=True)  # a teaching run never waits for a compiler
 
 
-def print_header(llm: LLM, prompt: list[int], decode: int) -> None:
+def print_header(llm: LLM, prompt: list[int], decode: int, source: str) -> None:
     bs, n = llm.block_size, len(prompt) // llm.block_size
     partial = f" + {len(prompt) % bs} tokens in a partial block (not hashed until it fills)" \
         if len(prompt) % bs else ""
     print(f"The chain of one request: {llm.model_config.architecture}, prompt of {len(prompt)} tokens, "
           f"block_size {bs} -> {n} full blocks{partial};\n  {decode} new tokens, so decode completes "
-          f"a block too. Torch threads: {torch.get_num_threads()}.")
+          f"a block too. Torch threads: {torch.get_num_threads()}. Token ids: {source}.")
     print("  block hash = xxh3_64(the block's token ids as int64 bytes, seed = the parent's hash); "
           "block 0's parent is\n  the root, 0 (or, for a request with a cache_salt -- an optional "
           "string that keeps requests with\n  different salts from sharing blocks -- the salt's hash). "
