@@ -121,10 +121,17 @@ def test_cycle_finder_finds_a_circle():
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
 
+def project_files() -> list[Path]:
+    """The project's own Python files: none under .git or a virtual environment a user made in
+    the checkout (a folder holding pyvenv.cfg, as ``python -m venv venv`` makes)."""
+    venvs = {p.parent for p in ROOT.glob("*/pyvenv.cfg")}
+    return [p for p in ROOT.rglob("*.py")
+            if ".git" not in p.parts and not any(v in p.parents for v in venvs)]
+
+
 def test_no_sys_path_edits():
-    offenders = [str(p.relative_to(ROOT)) for p in ROOT.rglob("*.py")
-                 if ".git" not in p.parts and "sys.path" in p.read_text()
-                 and p.name != "test_layout.py"]
+    offenders = [str(p.relative_to(ROOT)) for p in project_files()
+                 if "sys.path" in p.read_text() and p.name != "test_layout.py"]
     assert offenders == []
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 
 import msgspec
 
@@ -29,7 +30,7 @@ class ZmqEventPublisher:
         self._socket.set_hwm(hwm)
         self._socket.setsockopt(zmq.LINGER, 0)
         if is_bind_endpoint(endpoint):
-            self._socket.bind(endpoint)
+            bind_when_free(self._socket, endpoint)
         else:
             self._socket.connect(endpoint)
 
@@ -51,6 +52,23 @@ class ZmqEventPublisher:
             if self._socket is not None:
                 self._socket.close(linger=0)
                 self._socket = None
+
+
+BIND_TRIES, BIND_WAIT_S = 20, 0.05
+
+
+def bind_when_free(socket, endpoint: str) -> None:
+    """Bind, waiting a little while the port is still being released (ZMQ closes a socket in
+    its I/O thread: a publisher just shut down, by an LLM() that failed, may still hold it)."""
+    import zmq
+
+    for attempt in range(BIND_TRIES):
+        try:
+            return socket.bind(endpoint)
+        except zmq.ZMQError as err:
+            if err.errno != zmq.EADDRINUSE or attempt == BIND_TRIES - 1:
+                raise
+            time.sleep(BIND_WAIT_S)
 
 
 def is_bind_endpoint(endpoint: str) -> bool:
