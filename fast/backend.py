@@ -45,7 +45,7 @@ class FastBackend(Backend):
         if self.paths.glue is not None:
             out.update(glue_replacements(self.model, self.paths.glue))
         if self.paths.int8 is not None:
-            out.update(int8_replacements(self.model, self.paths.int8))
+            out.update(int8_replacements(self.model, self.paths.int8, self.paths.int8_tiles))
         return out
 
     def rederive(self) -> None:

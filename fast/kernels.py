@@ -1,12 +1,14 @@
 """The fast layer's compiled kernels: C++ in fast/csrc/, built once per machine by torch's
 extension loader and cached on disk (``TORCH_EXTENSIONS_DIR``, by default under ~/.cache).
 
-One module, three kernel files: paged attention (csrc/attention.cpp: decode rows, prompt chunks,
+One module, five kernel files: paged attention (csrc/attention.cpp: decode rows, prompt chunks,
 and decode rows sharing a prefix), which reads keys and values straight from their blocks
 where the PyTorch kinds spend a dozen small ops per layer; bfloat16 linears of a few rows
 (csrc/small_linear.cpp), which stream each weight once at a decode step of one or a few
-sequences; and a layer's glue (csrc/layer_glue.cpp: RMSNorm, the heads' norm and RoPE), one
-call where PyTorch spends several small ops. A machine without a C++ compiler (or ninja) keeps
+sequences; linears on 8-bit weights, for a few rows (csrc/int8_linear.cpp) and on AMX's tiles
+for more (csrc/int8_tiles.cpp), which stream the int8 weight once; and a layer's glue
+(csrc/layer_glue.cpp: RMSNorm, the heads' norm and RoPE), one call where PyTorch spends
+several small ops. csrc/simd_math.h holds the vector math two of them share. A machine without a C++ compiler (or ninja) keeps
 the PyTorch kinds and says why (``KernelBuild.reason``); nothing else changes. The first build
 takes a while, the cached one about a second to load; ``KernelBuild`` records which it was and
 how long.
@@ -24,7 +26,8 @@ from pathlib import Path
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = tuple(CSRC / name for name in ("bindings.cpp", "attention.cpp", "small_linear.cpp",
-                                         "int8_linear.cpp", "layer_glue.cpp"))
+                                         "int8_linear.cpp", "int8_tiles.cpp", "layer_glue.cpp"))
+HEADERS = (CSRC / "simd_math.h",)
 # -fopenmp: at::parallel_for is inline OpenMP; without it the kernel runs on one thread. The
 # OpenMP runtime it links is the one torch already loaded (same soname, libgomp.so.1).
 FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fopenmp")
@@ -49,7 +52,7 @@ def _name() -> str:
     """A name per source, flags and checkout: an edited kernel never loads a stale build, and two
     checkouts on one machine (whose build files name their own absolute source paths) each keep
     their own build instead of rebuilding each other's."""
-    key = b"".join(p.read_bytes() for p in SOURCES) + " ".join(FLAGS).encode() + str(CSRC).encode()
+    key = b"".join(p.read_bytes() for p in SOURCES + HEADERS) + " ".join(FLAGS).encode() + str(CSRC).encode()
     return f"step14_kernels_{hashlib.sha256(key).hexdigest()[:12]}"
 
 

@@ -61,6 +61,10 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
 
 SMALL_ROWS = 4  # the most rows fast/csrc/small_linear.cpp takes
 INT8_ROWS = 8   # the most rows fast/csrc/int8_linear.cpp takes
+# Where AMX's tiles run 8-bit linears: from INT8_FEW_ROWS + 1 rows (fewer: the few-row kernel is
+# faster) to INT8_TILE_ROWS (more: the matmul on the dequantized weight is); measured, docs/benchmarks.md.
+INT8_FEW_ROWS = 3
+INT8_TILE_ROWS = 128
 
 
 def few_rows(x: torch.Tensor, small: Callable | None, weight: torch.Tensor) -> bool:
@@ -143,19 +147,26 @@ def packed_replacements(model: nn.Module, small: Callable | None = None) -> dict
 # ----------------------------------------------------------------------------- 8-bit weights
 
 class Int8Product:
-    """model.Int8Linear from its int8 weight and row scales (fast/csrc/int8_linear.cpp): up to
-    INT8_ROWS rows by the kernel that streams the int8 weight once; more rows by one matmul on
-    the weight dequantized for the call (as model.py rounds it)."""
+    """model.Int8Linear from its int8 weight and row scales, the int8 weight streamed once per
+    call: up to INT8_FEW_ROWS rows (any up to INT8_ROWS where there are no tiles, or the input
+    is float32) by the few-row kernel (fast/csrc/int8_linear.cpp); bfloat16 rows up to
+    INT8_TILE_ROWS on AMX's int8 tiles (fast/csrc/int8_tiles.cpp), where ``tiles``; more rows by
+    one matmul on the weight dequantized for the call (as model.py rounds it), where the
+    matmul's compute, not the weight's bytes, is the cost."""
 
-    def __init__(self, kernels) -> None:
-        self.kernels = kernels
+    def __init__(self, kernels, tiles: bool = False) -> None:
+        self.kernels, self.tiles = kernels, tiles
 
     def __call__(self, part: Int8Linear, x: torch.Tensor, silu_mul: bool = False) -> torch.Tensor:
         weight, scale, bias = part.weight, part.weight_scale, part.bias
         if not (x.dtype in (torch.bfloat16, torch.float32) and weight.is_contiguous()):
             return _silu_mul(part.compute(x)) if silu_mul else part.compute(x)
-        if x.dim() == 2 and x.shape[0] <= INT8_ROWS:
+        rows = x.shape[0] if x.dim() == 2 else None
+        tiled = self.tiles and x.dtype == torch.bfloat16
+        if rows is not None and (rows <= INT8_FEW_ROWS or (rows <= INT8_ROWS and not tiled)):
             return self.kernels.int8_linear(x, weight, scale, bias, silu_mul)
+        if rows is not None and tiled and rows <= INT8_TILE_ROWS:
+            return self.kernels.int8_tiles(x, weight, scale, bias, silu_mul)
         y = F.linear(x, self.kernels.int8_dequantize(weight, scale, x.dtype), bias)
         return _silu_mul(y) if silu_mul else y
 
@@ -179,9 +190,10 @@ def _silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate).mul_(up)
 
 
-def int8_replacements(model: nn.Module, kernels) -> dict:
-    """A replacement per 8-bit linear part and per SiLU MLP on 8-bit weights (name -> callable)."""
-    product, out = Int8Product(kernels), {}
+def int8_replacements(model: nn.Module, kernels, tiles: bool = False) -> dict:
+    """A replacement per 8-bit linear part and per SiLU MLP on 8-bit weights (name -> callable);
+    ``tiles``: the kernel module's AMX tile linears run here."""
+    product, out = Int8Product(kernels, tiles), {}
     for name, part in model.replaceable_parts():
         if part.kind == "int8_linear":
             out[name] = product

@@ -17,6 +17,8 @@ The kernels' limits, as fast/csrc checks them (outside a limit the PyTorch kind 
 * the 8-bit linear (a model loaded with ``quantization="int8"``): bfloat16 or float32 input,
   AVX-512 in the build, at most fast/linear.INT8_ROWS rows (more rows: one matmul on the
   weight the kernel module dequantizes);
+* the 8-bit tile linear: bfloat16 input, AMX-INT8 and AVX-512 BF16 in the build, the tile
+  registers granted by Linux; fast/linear.INT8_FEW_ROWS + 1 to INT8_TILE_ROWS rows;
 * the heads' norm + RoPE: an even head_dim (RoPE's halves).
 """
 from __future__ import annotations
@@ -46,6 +48,7 @@ class FastPaths:
     build: KernelBuild | None = None      # None: enforce_eager (no kernels asked for)
     off: tuple[str, ...] = ()             # "what (why)" for each kernel left off
     int8: object | None = None            # the compiled module for 8-bit linears
+    int8_tiles: bool = False              # its AMX tile linears run (bfloat16, 4-128 rows)
 
     def describe(self) -> str:
         parts = ["fast attention", "packed linears" if self.pack_linears else "plain linears"]
@@ -55,7 +58,8 @@ class FastPaths:
                                          ("shared decode", self.routes.shared_decode_kernel),
                                          ("few-row linear", self.small_linear),
                                          ("norms and RoPE", self.glue),
-                                         ("8-bit linears", self.int8)) if on is not None]
+                                         ("8-bit linears", self.int8),
+                                         ("8-bit tile linears", self.int8_tiles or None)) if on is not None]
         if kernels:
             parts.append("kernels for " + ", ".join(kernels))
         return ", ".join(parts + ([f"off: {'; '.join(self.off)}"] if self.off else []))
@@ -101,7 +105,10 @@ def _with_kernels(routes: Routes, pack_linears: bool, build: KernelBuild, config
     int8 = module if module.int8_linear_available() else None
     if int8 is None:
         off.append("8-bit linears (built without AVX-512)")
-    return FastPaths(routes, pack_linears, small, glue, build, tuple(off), int8)
+    int8_tiles = int8 is not None and module.int8_tiles_available()
+    if int8 is not None and not int8_tiles:
+        off.append("8-bit tile linears (built without AMX-INT8 and AVX-512 BF16, or Linux refused the tile registers)")
+    return FastPaths(routes, pack_linears, small, glue, build, tuple(off), int8, int8_tiles)
 
 
 def _tile_limits(module, config) -> str:

@@ -18,7 +18,7 @@ import torch
 
 from benchmarks.int8_quality import engine_logits, logprob_error, text_ids
 from fast.kernels import compiled_kernels
-from fast.linear import INT8_ROWS, Int8Product, Int8SiluMLP
+from fast.linear import INT8_FEW_ROWS, INT8_ROWS, INT8_TILE_ROWS, Int8Product, Int8SiluMLP
 from helpers import DEMO_MODEL_DIR, GreedyReference, build_checkpoint, greedy, make_llm, random_prompt
 from model import MLP, Int8Linear, Linear, dequantize_rows, load_model, quantize_rows
 
@@ -97,6 +97,128 @@ def test_kernel_equals_the_plain_part_within_rounding(kernels, dtype, rows, in_f
     assert got.dtype == dtype and got_mlp.dtype == dtype
     torch.testing.assert_close(got.float(), want.float(), **tol)
     torch.testing.assert_close(got_mlp.float(), want_mlp.float(), **tol)
+
+
+@pytest.fixture(scope="module")
+def tiles(kernels):
+    if not kernels.int8_tiles_available():
+        pytest.skip("no AMX-INT8 / AVX-512 BF16 here (or Linux refused the tile registers): no tile kernel")
+    return kernels
+
+
+def exact_product(x, values, scale, bias, silu_mul):
+    """x values^T times the rows' scales (+ bias, silu(gate) * up) in float64: the product the
+    tile kernel must round once."""
+    y = (x.double() @ values.double().t()) * scale.double()
+    if bias is not None:
+        y = y + bias.double()
+    if silu_mul:
+        gate, up = y.chunk(2, dim=-1)
+        y = torch.nn.functional.silu(gate) * up
+    return y
+
+
+@pytest.mark.parametrize("silu_mul", [False, True])
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("shape", [(4, 64, 32), (16, 100, 48), (17, 1000, 34), (40, 130, 80), (128, 64, 16)])
+def test_tile_kernel_is_the_exact_product_rounded_once(tiles, shape, with_bias, silu_mul):
+    """Inputs spread over 2^-12..2^12 of each other: every value lies on the row's grid, so the
+    result is the float64 product rounded once to bfloat16 (a float32 recombination may move
+    a tie by one bfloat16 step)."""
+    rows, k, n = shape
+    torch.manual_seed(rows + k + n)
+    x = (torch.randn(rows, k) * 2.0 ** torch.randint(-12, 13, (rows, k))).bfloat16()
+    values = torch.randint(-127, 128, (n, k), dtype=torch.int8)
+    scale = torch.rand(n) * 0.01
+    bias = torch.randn(n).bfloat16() if with_bias else None
+    got = tiles.int8_tiles(x, values, scale, bias, silu_mul)
+    want = exact_product(x, values, scale, bias, silu_mul)
+    assert got.dtype == torch.bfloat16 and got.shape == want.shape
+    step = want.float().bfloat16().float().abs() * 2.0 ** -7  # one bfloat16 step at the value
+    error = (got.double() - want).abs()
+    assert bool((error <= step.double() + 1e-30).all()), float((error / step.clamp_min(1e-30)).max())
+
+
+def test_tile_kernel_rows_of_any_range_and_non_finite_rows(tiles):
+    """A row whose values span 2^60: those below 2^-20 of its largest are off the grid by at most
+    2^-28 of it; a row holding inf or NaN computes as the float32 matmul (as model.py does)."""
+    torch.manual_seed(3)
+    k, n = 192, 32
+    values = torch.randint(-127, 128, (n, k), dtype=torch.int8)
+    scale = torch.rand(n) * 0.01
+    wide = (torch.randn(5, k) * 2.0 ** torch.randint(-30, 31, (5, k))).bfloat16()
+    got = tiles.int8_tiles(wide, values, scale, None, False).double()
+    want = exact_product(wide, values, scale, None, False)
+    bound = wide.double().abs().amax(1, keepdim=True) * 2.0 ** -28 * values.double().abs().sum(1) * scale.double()
+    step = want.abs() * 2.0 ** -7
+    assert bool(((got - want).abs() <= bound + step).all())
+    odd = torch.randn(6, k).bfloat16()
+    odd[1, 5], odd[3, 7], odd[4, 0] = float("inf"), float("nan"), float("-inf")
+    linear = Int8Linear.of(Linear(k, n).to(torch.bfloat16))
+    with torch.inference_mode():
+        got = tiles.int8_tiles(odd, linear.weight, linear.weight_scale, linear.bias, False)
+        want = linear.compute(odd)
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2, equal_nan=True)
+
+
+class CountingKernels:
+    """The kernel module, each call counted by name (which kernel computed which call)."""
+
+    def __init__(self, module):
+        self.module, self.calls = module, []
+
+    def __getattr__(self, name):
+        kernel = getattr(self.module, name)
+
+        def counted(*args, **kwargs):
+            self.calls.append(name)
+            return kernel(*args, **kwargs)
+        return counted
+
+
+@pytest.mark.parametrize("rows", [1, INT8_FEW_ROWS, INT8_FEW_ROWS + 1, INT8_ROWS, INT8_ROWS + 1,
+                                  INT8_TILE_ROWS, INT8_TILE_ROWS + 1])
+def test_each_row_count_goes_to_its_kernel(tiles, rows):
+    linear = Int8Linear.of(Linear(64, 32).to(torch.bfloat16))
+    counting = CountingKernels(tiles)
+    x = torch.randn(rows, 64).bfloat16()
+    with torch.inference_mode():
+        got = Int8Product(counting, tiles=True)(linear, x)
+        want = linear.compute(x)
+    kernel = ("int8_linear" if rows <= INT8_FEW_ROWS else "int8_tiles" if rows <= INT8_TILE_ROWS
+              else "int8_dequantize")
+    assert counting.calls == [kernel]
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+    float_rows = torch.randn(min(rows, INT8_ROWS), 64)  # float32 input: never the tiles
+    counting.calls.clear()
+    with torch.inference_mode():
+        Int8Product(counting, tiles=True)(Int8Linear.of(Linear(64, 32)), float_rows)
+    assert counting.calls == ["int8_linear"]
+
+
+def test_a_batch_decoded_on_the_tiles_is_the_same_model(tiles, monkeypatch):
+    """The demo model in bfloat16 on 8-bit weights: six sequences decoded together (the tile
+    kernel) and again with the tiles off (the dequantized weight's matmul) give each chosen token
+    the same log-probability within bfloat16's noise, and part ways only at a near-tie (each
+    run's choice is the other's runner-up, within that noise)."""
+    import fast.linear
+    prompts = [random_prompt(5 + 3 * i, 660 + i, vocab=200) for i in range(6)]
+    llm = make_llm(str(DEMO_MODEL_DIR), dtype="bfloat16", quantization="int8")
+    assert "8-bit tile linears" in llm.llm_engine.engine_core.model_runner.backend.describe()
+    on = llm.generate(prompts, greedy(12, logprobs=2), use_tqdm=False)
+    monkeypatch.setattr(fast.linear, "INT8_TILE_ROWS", 0)
+    off = llm.generate(prompts, greedy(12, logprobs=2), use_tqdm=False)
+    agreed = 0
+    for a, b in zip(on, off):
+        for step, (x, y) in enumerate(zip(a.outputs[0].token_ids, b.outputs[0].token_ids)):
+            la, lb = a.outputs[0].logprobs[step], b.outputs[0].logprobs[step]
+            if x != y:
+                assert y in la and la[x].logprob - la[y].logprob < 0.1, (step, la, lb)
+                assert x in lb and lb[y].logprob - lb[x].logprob < 0.1, (step, la, lb)
+                break
+            assert abs(la[x].logprob - lb[x].logprob) < 0.1, (step, la, lb)
+            agreed += 1
+    assert agreed >= 0.9 * 6 * 12, agreed
 
 
 def test_quality_standard_on_the_demo_model():

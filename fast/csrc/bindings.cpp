@@ -17,6 +17,9 @@ at::Tensor small_linear(const at::Tensor& x, const at::Tensor& weight,
 bool int8_linear_available();
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale,
                        const c10::optional<at::Tensor>& bias, bool silu_mul);
+bool int8_tiles_available();
+at::Tensor int8_tiles(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale,
+                      const c10::optional<at::Tensor>& bias, bool silu_mul);
 at::Tensor int8_dequantize(const at::Tensor& weight, const at::Tensor& scale, at::ScalarType dtype);
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 at::Tensor norm_rope(const at::Tensor& x, const c10::optional<at::Tensor>& weight, double eps,
@@ -42,6 +45,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int8_linear_available", &int8_linear_available, "built with AVX-512 BF16");
   m.def("int8_linear", &int8_linear, "linear of a few bfloat16 rows on int8 weights with row scales "
         "(optionally silu(gate) * up)", py::arg("x"), py::arg("weight"), py::arg("scale"),
+        py::arg("bias") = py::none(), py::arg("silu_mul") = false);
+  m.def("int8_tiles_available", &int8_tiles_available, "built with AMX-BF16 and the tiles granted");
+  m.def("int8_tiles", &int8_tiles, "linear of many bfloat16 rows on int8 weights with row scales, on AMX "
+        "tiles (optionally silu(gate) * up)", py::arg("x"), py::arg("weight"), py::arg("scale"),
         py::arg("bias") = py::none(), py::arg("silu_mul") = false);
   m.def("int8_dequantize", &int8_dequantize, "int8 weight times its row scales, in bfloat16 or float32",
         py::arg("weight"), py::arg("scale"), py::arg("dtype"));
