@@ -74,25 +74,34 @@ def timed_generate(llm, batch: list[list[int]], new: int) -> float:
 def measure_ours(model: str, threads: int, repeats: int, engine_kw: dict,
                  shape: Shape) -> tuple[dict, str]:
     """Each row's best tok/s at ``threads`` compute threads, and the backend's description."""
+    llm = build_ours(model, threads, engine_kw, shape)
+    best = dict.fromkeys(shape.rows, 0.0)
+    for _ in range(repeats):
+        best = {row: max(best[row], rate) for row, rate in measure_rows(llm, shape).items()}
+    return best, llm.llm_engine.engine_core.model_runner.backend.describe()
+
+
+def build_ours(model: str, threads: int, engine_kw: dict, shape: Shape):
+    """This engine at ``threads`` compute threads, warmed up."""
     from engine import LLM
     torch.set_num_threads(threads)
     llm = LLM(model, num_threads=threads, max_num_seqs=shape.batch, max_num_batched_tokens=2048,
               enable_prefix_caching=False, **engine_kw)
-    vocab = llm.model_config.vocab_size
+    timed_generate(llm, prompts(1, 16, llm.model_config.vocab_size, 3), 8)  # warm-up
+    return llm
+
+
+def measure_rows(llm, shape: Shape) -> dict:
+    """One measurement of each row (tok/s)."""
+    vocab, rows = llm.model_config.vocab_size, shape.rows
     one, batch = prompts(1, shape.long_prompt, vocab, 1), prompts(shape.batch, shape.prompt, vocab, 2)
     short = prompts(1, 16, vocab, 3)
-    timed_generate(llm, short, 8)  # warm-up
-    rows, best = shape.rows, dict.fromkeys(shape.rows, 0.0)
-    for _ in range(repeats):
-        prefill_batch = timed_generate(llm, batch, 1)
-        rates = {rows[0]: shape.long_prompt / timed_generate(llm, one, 1),
-                 rows[1]: shape.batch * shape.prompt / prefill_batch,
-                 rows[2]: shape.batch * (shape.batch_new - 1)
-                 / (timed_generate(llm, batch, shape.batch_new) - prefill_batch),
-                 rows[3]: (shape.single_new - 1)
-                 / (timed_generate(llm, short, shape.single_new) - timed_generate(llm, short, 1))}
-        best = {row: max(best[row], rate) for row, rate in rates.items()}
-    return best, llm.llm_engine.engine_core.model_runner.backend.describe()
+    prefill_batch = timed_generate(llm, batch, 1)
+    return {rows[0]: shape.long_prompt / timed_generate(llm, one, 1),
+            rows[1]: shape.batch * shape.prompt / prefill_batch,
+            rows[2]: shape.batch * (shape.batch_new - 1) / (timed_generate(llm, batch, shape.batch_new) - prefill_batch),
+            rows[3]: (shape.single_new - 1) / (timed_generate(llm, short, shape.single_new)
+                                               - timed_generate(llm, short, 1))}
 
 
 def streamed_bytes(model: str, quantization: str | None = None, itemsize: int | None = None) -> int:
