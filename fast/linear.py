@@ -161,14 +161,20 @@ class Int8Product:
         weight, scale, bias = part.weight, part.weight_scale, part.bias
         if not (x.dtype in (torch.bfloat16, torch.float32) and weight.is_contiguous()):
             return _silu_mul(part.compute(x)) if silu_mul else part.compute(x)
-        rows = x.shape[0] if x.dim() == 2 else None
-        tiled = self.tiles and x.dtype == torch.bfloat16
-        if rows is not None and (rows <= INT8_FEW_ROWS or (rows <= INT8_ROWS and not tiled)):
-            return self.kernels.int8_linear(x, weight, scale, bias, silu_mul)
-        if rows is not None and tiled and rows <= INT8_TILE_ROWS:
-            return self.kernels.int8_tiles(x, weight, scale, bias, silu_mul)
+        kernel = self.kernel_for(x)
+        if kernel is not None:
+            return kernel(x, weight, scale, bias, silu_mul)
         y = F.linear(x, self.kernels.int8_dequantize(weight, scale, x.dtype), bias)
         return _silu_mul(y) if silu_mul else y
+
+    def kernel_for(self, x: torch.Tensor) -> Callable | None:
+        """The compiled kernel for these rows; None: the dequantized weight's matmul."""
+        if x.dim() != 2:
+            return None
+        rows, tiled = x.shape[0], self.tiles and x.dtype == torch.bfloat16
+        if rows <= INT8_FEW_ROWS or (rows <= INT8_ROWS and not tiled):
+            return self.kernels.int8_linear
+        return self.kernels.int8_tiles if tiled and rows <= INT8_TILE_ROWS else None
 
 
 class Int8SiluMLP:
