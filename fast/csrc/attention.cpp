@@ -86,15 +86,10 @@ void attend_plain(const Task<T>& t, const Shape& s, float* scores, float* query,
 constexpr int64_t LANES = 16;
 
 inline __m512 load(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
-inline __m512 load(const c10::BFloat16* p, __mmask16 m) {  // bfloat16: a float32's top half
-  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
-}
+inline __m512 load(const c10::BFloat16* p, __mmask16 m) { return load_bf16(reinterpret_cast<const uint16_t*>(p), m); }
 inline __m512 load(const c10::Half* p, __mmask16 m) {
   return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
 }
-
-inline __mmask16 tail_mask(int64_t n) { return n >= LANES ? 0xFFFF : static_cast<__mmask16>((1u << n) - 1); }
 
 template <typename T>
 inline void prefetch_block(const T* first_row, int64_t bytes) {

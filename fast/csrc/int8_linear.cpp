@@ -16,6 +16,8 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define STEP14_INT8_DOT 1
 #include <immintrin.h>
+
+#include "simd_math.h"
 #endif
 
 namespace {
@@ -27,7 +29,6 @@ constexpr int64_t PREFETCH_BYTES = 2048;
 #ifdef STEP14_INT8_DOT
 // Widening is the cost at these row counts: two cheap steps per 16 weights, done once per
 // weight whatever the number of input rows.
-inline __mmask16 mask16(int64_t n) { return n >= 16 ? 0xFFFFu : static_cast<__mmask16>((1u << n) - 1); }
 
 inline __m512 widen16(const int8_t* w, __mmask16 m) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, w)));
@@ -43,7 +44,7 @@ inline float dot_one(const float* x, int64_t k, const int8_t* w) {
       acc[j] = _mm512_fmadd_ps(widen16(w + c + 16 * j, 0xFFFFu), _mm512_loadu_ps(x + c + 16 * j), acc[j]);
   }
   for (; c < k; c += 16) {
-    const __mmask16 m = mask16(k - c);
+    const __mmask16 m = tail_mask(k - c);
     acc[0] = _mm512_fmadd_ps(widen16(w + c, m), _mm512_maskz_loadu_ps(m, x + c), acc[0]);
   }
   return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
@@ -68,7 +69,7 @@ inline void dot_block(const float* x, int64_t k, const int8_t* const* w, float* 
     }
   }
   if (c < k) {
-    const __mmask16 mask = mask16(k - c);
+    const __mmask16 mask = tail_mask(k - c);
     __m512 ws[R];
     for (int r = 0; r < R; ++r) ws[r] = widen16(w[r] + c, mask);
     for (int m = 0; m < M; ++m) {

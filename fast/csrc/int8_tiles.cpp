@@ -74,12 +74,6 @@ void configure_tiles() {
   _tile_loadconfig(&config);
 }
 
-inline __mmask16 mask16(int64_t n) { return n >= 16 ? 0xFFFF : n <= 0 ? 0 : static_cast<__mmask16>((1u << n) - 1); }
-
-inline __m512 load_bf16(const uint16_t* p, __mmask16 m) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
-}
-
 // One input row (row ``row`` of its block of 16) as digit planes, written into the block's
 // tiles: tile (c, j) (1 KB, contiguous: the tiles load fastest so) holds plane j of features
 // [64c, 64c + 64) of the block's 16 rows. Returns the row's grid t (value = integer * 2^t), or
@@ -87,7 +81,7 @@ inline __m512 load_bf16(const uint16_t* p, __mmask16 m) {
 float encode_row(const uint16_t* x, int64_t k, int64_t chunks, int64_t row, int8_t* tiles) {
   __m512 peak = _mm512_setzero_ps();
   for (int64_t c = 0; c < k; c += 16) {
-    const __m512 v = _mm512_abs_ps(load_bf16(x + c, mask16(k - c)));
+    const __m512 v = _mm512_abs_ps(load_bf16(x + c, tail_mask(k - c)));
     if (_mm512_cmp_ps_mask(v, _mm512_set1_ps(INFINITY), _CMP_NLT_UQ)) return NAN;  // inf, or NaN (unordered)
     peak = _mm512_max_ps(peak, v);
   }
@@ -96,7 +90,7 @@ float encode_row(const uint16_t* x, int64_t k, int64_t chunks, int64_t row, int8
   const float t = top > 0 ? static_cast<float>(std::ilogb(top) + 1 - PLANES * DIGIT_BITS) : 0.f;
   const __m512 shift = _mm512_set1_ps(-t);
   for (int64_t c = 0; c < chunks * CHUNK; c += 16) {
-    const __m512i whole = _mm512_cvtps_epi32(_mm512_scalef_ps(load_bf16(x + c, mask16(k - c)), shift));
+    const __m512i whole = _mm512_cvtps_epi32(_mm512_scalef_ps(load_bf16(x + c, tail_mask(k - c)), shift));
     const __m512i size = _mm512_abs_epi32(whole);  // nearest: exact where the grid holds the value
     const __mmask16 negative = _mm512_movepi32_mask(whole);
     for (int j = 0; j < PLANES; ++j) {
@@ -207,7 +201,7 @@ inline __m512 silu16(__m512 g) {
 // * up), rounded once to bfloat16.
 void write_rows(const float* sums, int64_t up_at, int64_t m, const float* scale, const float* bias, int64_t col,
                 int64_t cols, int64_t width, bool silu_mul, at::BFloat16* out) {
-  const __mmask16 mask = mask16(cols);
+  const __mmask16 mask = tail_mask(cols);
   const auto affine = [&](const float* at, int64_t first) {
     const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, at), _mm512_maskz_loadu_ps(mask, scale + first));
     return bias ? _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, bias + first)) : v;

@@ -2,6 +2,18 @@
 #pragma once
 #include <immintrin.h>
 
+#include <cstdint>
+
+// The first n of 16 lanes (none for n <= 0).
+inline __mmask16 tail_mask(int64_t n) {
+  return n >= 16 ? 0xFFFF : n <= 0 ? 0 : static_cast<__mmask16>((1u << n) - 1);
+}
+
+// 16 bfloat16 values (the mask's lanes; the rest 0) as float32: a bfloat16 is a float32's top half.
+inline __m512 load_bf16(const uint16_t* p, __mmask16 m) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+}
+
 // exp(x) for x <= 0 (a softmax's scores minus their maximum; silu's -|g|): Cephes' expf polynomial, 2^n by scalef.
 inline __m512 exp_nonpositive(__m512 x) {
   x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
