@@ -27,10 +27,22 @@ from pathlib import Path
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = tuple(CSRC / name for name in ("bindings.cpp", "attention.cpp", "small_linear.cpp",
                                          "int8_linear.cpp", "int8_tiles.cpp", "layer_glue.cpp"))
-HEADERS = (CSRC / "simd_math.h",)
+HEADERS = (CSRC / "simd_math.h", CSRC / "checks.h")
 # -fopenmp: at::parallel_for is inline OpenMP; without it the kernel runs on one thread. The
 # OpenMP runtime it links is the one torch already loaded (same soname, libgomp.so.1).
 FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fopenmp")
+# STEP14_SANITIZE=address builds a checked copy of the kernels (its own name, so its own cache):
+# AddressSanitizer and UBSan, and bounds-checked std::vector. Python must load libasan first
+# (LD_PRELOAD); ``python -m tools.sanitize`` sets that up and runs the kernel sweep under it.
+SANITIZE_FLAGS = ("-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer",
+                  "-g", "-D_GLIBCXX_ASSERTIONS")
+
+
+def build_flags() -> tuple[tuple[str, ...], list[str]]:
+    """Compiler and linker flags of this process's build (sanitized where asked)."""
+    if os.environ.get("STEP14_SANITIZE", "") == "address":
+        return FLAGS + SANITIZE_FLAGS, ["-fopenmp", "-fsanitize=address,undefined"]
+    return FLAGS, ["-fopenmp"]
 
 
 @dataclass(frozen=True)
@@ -52,7 +64,7 @@ def _name() -> str:
     """A name per source, flags and checkout: an edited kernel never loads a stale build, and two
     checkouts on one machine (whose build files name their own absolute source paths) each keep
     their own build instead of rebuilding each other's."""
-    key = b"".join(p.read_bytes() for p in SOURCES + HEADERS) + " ".join(FLAGS).encode() + str(CSRC).encode()
+    key = b"".join(p.read_bytes() for p in SOURCES + HEADERS) + " ".join(build_flags()[0]).encode() + str(CSRC).encode()
     return f"step14_kernels_{hashlib.sha256(key).hexdigest()[:12]}"
 
 
@@ -76,8 +88,9 @@ def compiled_kernels() -> KernelBuild:
     try:
         from torch.utils.cpp_extension import load
         before = _library_mtime()
-        module = load(name=_name(), sources=[str(p) for p in SOURCES], extra_cflags=list(FLAGS),
-                      extra_ldflags=["-fopenmp"], verbose=False)
+        cflags, ldflags = build_flags()
+        module = load(name=_name(), sources=[str(p) for p in SOURCES], extra_cflags=list(cflags),
+                      extra_ldflags=ldflags, verbose=False)
     except Exception as err:  # a compiler that fails, no ninja, ...: the PyTorch kinds stay
         reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
         warnings.warn(f"fast layer: the C++ kernels could not be built, the fast layer stays on PyTorch "

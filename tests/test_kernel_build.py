@@ -50,3 +50,25 @@ def test_the_name_follows_the_flags(tmp_path, use_sources, monkeypatch):
     name = use_sources(directory)
     monkeypatch.setattr(kernels, "FLAGS", (*kernels.FLAGS, "-DSOMETHING_ELSE"))
     assert use_sources(directory) != name
+
+
+def test_the_sanitized_build_has_its_own_flags_and_name(tmp_path, use_sources, monkeypatch):
+    """STEP14_SANITIZE=address (tools/sanitize.py) builds a checked copy beside the regular one."""
+    directory = copy_sources(tmp_path / "csrc")
+    monkeypatch.delenv("STEP14_SANITIZE", raising=False)
+    regular = use_sources(directory)
+    assert kernels.build_flags() == (kernels.FLAGS, ["-fopenmp"])
+    monkeypatch.setenv("STEP14_SANITIZE", "address")
+    cflags, ldflags = kernels.build_flags()
+    assert "-fsanitize=address,undefined" in cflags and "-D_GLIBCXX_ASSERTIONS" in cflags
+    assert "-fsanitize=address,undefined" in ldflags
+    assert use_sources(directory) != regular
+
+
+def test_the_sanitizer_run_preloads_the_runtimes_it_needs():
+    from tools.sanitize import TESTS, sanitized_env
+    env = sanitized_env()
+    preload = env["LD_PRELOAD"].split()
+    assert [p.rsplit("/", 1)[-1].split(".so")[0] for p in preload] == ["libasan", "libstdc++"]
+    assert env["STEP14_SANITIZE"] == "address" and "halt_on_error=1" in env["ASAN_OPTIONS"]
+    assert all((kernels.CSRC.parent.parent / t).is_file() for t in TESTS)

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <climits>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -100,8 +101,10 @@ inline void prefetch_block(const T* first_row, int64_t bytes) {
 // Softmax of one query head's scores in place.
 inline void softmax(float* s, int64_t count) {
   __m512 peak = _mm512_set1_ps(-INFINITY);
-  for (int64_t j = 0; j < count; j += LANES)
-    peak = _mm512_mask_max_ps(peak, tail_mask(count - j), peak, _mm512_loadu_ps(s + j));
+  for (int64_t j = 0; j < count; j += LANES) {  // the last load masked too: never past s[count - 1]
+    const __mmask16 m = tail_mask(count - j);
+    peak = _mm512_mask_max_ps(peak, m, peak, _mm512_maskz_loadu_ps(m, s + j));
+  }
   const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(peak));
   __m512 total = _mm512_setzero_ps();
   for (int64_t j = 0; j < count; j += LANES) {
@@ -220,6 +223,16 @@ void attend_rows(const at::Tensor& q, const at::Tensor& pool_k, const at::Tensor
 
 }  // namespace
 
+// Heads, head size and block size every kernel divides and indexes by: q [T, H, D] over pools
+// [KVH, slots, D] with H a positive multiple of KVH, a positive block size.
+static void check_heads(const char* name, const at::Tensor& q, const at::Tensor& pool_k, int64_t block_size) {
+  const int64_t heads = q.size(1), kv_heads = pool_k.size(0), dim = q.size(2);
+  TORCH_CHECK(kv_heads > 0 && heads > 0 && heads % kv_heads == 0 && dim > 0 && pool_k.size(2) == dim, name,
+              ": q's heads (", heads, ") a positive multiple of the pool's KV heads (", kv_heads,
+              "), one head size (", dim, " and ", pool_k.size(2), ")");
+  TORCH_CHECK(block_size > 0, name, ": block size ", block_size);
+}
+
 // q, out [T, H, D] (last dim contiguous); pool_k, pool_v [KVH, slots, D]; rows [B] (the query
 // token of each decode row); tables [B, blocks]; lo, hi [B] (visible key positions); all int64.
 // Writes out[rows] and returns out. vector=false takes the plain loops even where AVX-512 is
@@ -236,8 +249,9 @@ at::Tensor decode_attention(at::Tensor q, at::Tensor pool_k, at::Tensor pool_v,
               "decode_attention: float32, bfloat16 or float16 (its softmax is float32)");
   TORCH_CHECK(pool_k.is_contiguous() && pool_v.is_contiguous() && q.stride(2) == 1 && out.stride(2) == 1,
               "decode_attention: contiguous pools and head rows");
-  TORCH_CHECK(q.device().is_cpu() && pool_k.device().is_cpu() && out.device().is_cpu(),
+  TORCH_CHECK(q.device().is_cpu() && pool_k.device().is_cpu() && pool_v.device().is_cpu() && out.device().is_cpu(),
               "decode_attention runs on CPU");
+  check_heads("decode_attention", q, pool_k, block_size);
   for (const auto& index : {rows, tables, lo, hi})
     TORCH_CHECK(index.scalar_type() == at::kLong && index.is_contiguous() && index.device().is_cpu(),
                 "decode_attention: rows, tables, lo and hi are contiguous int64 CPU tensors");
@@ -245,7 +259,6 @@ at::Tensor decode_attention(at::Tensor q, at::Tensor pool_k, at::Tensor pool_v,
   const int64_t kv_heads = pool_k.size(0), slots = pool_k.size(1);
   TORCH_CHECK(tables.dim() == 2 && tables.size(0) == batch && lo.numel() == batch && hi.numel() == batch,
               "decode_attention: one table, lo and hi per row");
-  TORCH_CHECK(heads % kv_heads == 0 && pool_k.size(2) == dim, "decode_attention: heads and head_dim");
   const int64_t group = heads / kv_heads, width = tables.size(1);
   const int64_t* row_p = rows.data_ptr<int64_t>();
   const int64_t* lo_p = lo.data_ptr<int64_t>();
@@ -566,6 +579,8 @@ static void check_tile_inputs(const char* name, const at::Tensor& q, const at::T
               out.scalar_type() == q.scalar_type() &&
               (q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf),
               name, ": one dtype, float32, bfloat16 or float16");
+  TORCH_CHECK(q.device().is_cpu() && pool_k.device().is_cpu() && pool_v.device().is_cpu() && out.device().is_cpu(),
+              name, " runs on CPU");
   for (const auto& index : indices)
     TORCH_CHECK(index.scalar_type() == at::kLong && index.is_contiguous() && index.device().is_cpu(),
                 name, ": contiguous int64 CPU index tensors");
@@ -580,7 +595,8 @@ at::Tensor prefill_attention(at::Tensor q, at::Tensor pool_k, at::Tensor pool_v,
   check_tile_inputs("prefill_attention", q, pool_k, pool_v, out, {first_token, starts, lengths, tables});
   const int64_t num_chunks = first_token.numel(), heads = q.size(1), dim = q.size(2);
   const int64_t kv_heads = pool_k.size(0), slots = pool_k.size(1);
-  TORCH_CHECK(heads % kv_heads == 0 && pool_k.size(2) == dim, "prefill_attention: heads and head_dim");
+  check_heads("prefill_attention", q, pool_k, block_size);
+  TORCH_CHECK(window >= 0, "prefill_attention: window ", window, " (0: none)");
   const int64_t group = heads / kv_heads;
   TORCH_CHECK(group <= 16, "prefill_attention: at most 16 query heads per KV head");
   TORCH_CHECK(starts.numel() == num_chunks && lengths.numel() == num_chunks && tables.dim() == 2 &&
@@ -594,6 +610,8 @@ at::Tensor prefill_attention(at::Tensor q, at::Tensor pool_k, at::Tensor pool_v,
   for (int64_t c = 0; c < num_chunks; ++c) {
     TORCH_CHECK(ln[c] > 0 && st[c] >= 0 && ft[c] >= 0 && ft[c] + ln[c] <= q.size(0) &&
                 st[c] + ln[c] <= width * block_size, "prefill_attention: chunk outside q or its block table");
+    // The tiles hold positions, and position + window, in int32 lanes.
+    TORCH_CHECK(st[c] + ln[c] + window <= INT32_MAX, "prefill_attention: positions past int32");
     for (int64_t j = 0; j < (st[c] + ln[c] + block_size - 1) / block_size; ++j)
       TORCH_CHECK(0 <= tab[c * width + j] && (tab[c * width + j] + 1) * block_size <= slots,
                   "prefill_attention: block id outside the pool");
@@ -623,8 +641,8 @@ at::Tensor shared_decode_attention(at::Tensor q, at::Tensor pool_k, at::Tensor p
   check_tile_inputs("shared_decode_attention", q, pool_k, pool_v, out, {rows, tables, hi});
   const int64_t batch = rows.numel(), heads = q.size(1), dim = q.size(2), kv_heads = pool_k.size(0);
   const int64_t slots = pool_k.size(1);
-  TORCH_CHECK(heads % kv_heads == 0 && pool_k.size(2) == dim && heads / kv_heads <= 16,
-              "shared_decode_attention: heads, head_dim, at most 16 query heads per KV head");
+  check_heads("shared_decode_attention", q, pool_k, block_size);
+  TORCH_CHECK(heads / kv_heads <= 16, "shared_decode_attention: at most 16 query heads per KV head");
   TORCH_CHECK(tables.dim() == 2 && tables.size(0) == batch && hi.numel() == batch && batch > 0,
               "shared_decode_attention: one table and hi per row");
   const int64_t width = tables.size(1), shared_keys = shared_blocks * block_size;

@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "checks.h"
+
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define STEP14_INT8_DOT 1
 #include <immintrin.h>
@@ -107,7 +109,8 @@ void dot_rows(const float* x, int64_t m, int64_t k, const int8_t* w, int64_t fir
     case 5: return dot_rows_by<5, 2>(x, k, w, first, rows, sums);
     case 6: return dot_rows_by<6, 2>(x, k, w, first, rows, sums);
     case 7: return dot_rows_by<7, 2>(x, k, w, first, rows, sums);
-    default: return dot_rows_by<8, 2>(x, k, w, first, rows, sums);
+    case 8: return dot_rows_by<8, 2>(x, k, w, first, rows, sums);
+    default: TORCH_CHECK(false, "int8_linear: ", m, " rows");  // the entry point refuses these first
   }
 }
 #endif
@@ -138,7 +141,8 @@ at::Tensor int8_linear(const at::Tensor& x_in, const at::Tensor& weight, const a
                   weight.scalar_type() == at::kChar && weight.is_contiguous() && x_in.device().is_cpu() &&
                   weight.device().is_cpu(),
               "int8_linear: bfloat16 or float32 input, contiguous int8 weight, CPU tensors");
-  TORCH_CHECK(scale_in.numel() == weight.size(0), "int8_linear: one scale per weight row");
+  check_row_scales(scale_in, weight.size(0), "int8_linear");
+  check_bias(bias, weight.size(0), "int8_linear");
   TORCH_CHECK(!silu_mul || weight.size(0) % 2 == 0, "int8_linear: silu_mul needs gate and up rows");
   const at::Tensor x = x_in.to(at::kFloat).contiguous();
   const at::Tensor scale = scale_in.to(at::kFloat).contiguous();
@@ -147,11 +151,10 @@ at::Tensor int8_linear(const at::Tensor& x_in, const at::Tensor& weight, const a
   at::Tensor bias_f;
   const float* b = nullptr;
   if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK(bias->numel() == n, "int8_linear: bias [N]");
     bias_f = bias->to(at::kFloat).contiguous();
     b = bias_f.data_ptr<float>();
   }
-  if (m == 0) return out.to(x_in.scalar_type());
+  if (m == 0 || width == 0) return out.to(x_in.scalar_type());  // nothing to read
 #ifdef STEP14_INT8_DOT
   const float* xp = x.data_ptr<float>();
   const int8_t* wp = weight.data_ptr<int8_t>();
@@ -212,7 +215,7 @@ void dequantize_row(const int8_t* row, float scale, int64_t k, at::Tensor& out, 
 at::Tensor int8_dequantize(const at::Tensor& weight, const at::Tensor& scale_in, at::ScalarType dtype) {
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kChar && weight.is_contiguous() &&
                   weight.device().is_cpu(), "int8_dequantize: a contiguous int8 CPU weight [N, K]");
-  TORCH_CHECK(scale_in.numel() == weight.size(0), "int8_dequantize: one scale per weight row");
+  check_row_scales(scale_in, weight.size(0), "int8_dequantize");
   TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kFloat, "int8_dequantize: to bfloat16 or float32");
   const at::Tensor scale = scale_in.to(at::kFloat).contiguous();
   const int64_t n = weight.size(0), k = weight.size(1);

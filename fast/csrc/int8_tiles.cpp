@@ -22,6 +22,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "checks.h"
+
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512F__) && defined(__AVX512BW__) && \
     defined(__AVX512BF16__) && defined(__linux__)
 #define STEP14_INT8_TILES 1
@@ -234,7 +236,8 @@ at::Tensor int8_tiles(const at::Tensor& x_in, const at::Tensor& weight, const at
   TORCH_CHECK(x_in.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kChar && weight.is_contiguous() &&
                   x_in.device().is_cpu() && weight.device().is_cpu(),
               "int8_tiles: bfloat16 input, contiguous int8 weight, CPU tensors");
-  TORCH_CHECK(scale_in.numel() == weight.size(0), "int8_tiles: one scale per weight row");
+  check_row_scales(scale_in, weight.size(0), "int8_tiles");
+  check_bias(bias, weight.size(0), "int8_tiles");
   TORCH_CHECK(!silu_mul || weight.size(0) % 2 == 0, "int8_tiles: silu_mul needs gate and up rows");
   const at::Tensor x = x_in.contiguous();
   const at::Tensor scale = scale_in.to(at::kFloat).contiguous();
@@ -243,7 +246,6 @@ at::Tensor int8_tiles(const at::Tensor& x_in, const at::Tensor& weight, const at
   at::Tensor bias_f;
   const float* b = nullptr;
   if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK(bias->numel() == n, "int8_tiles: bias [N]");
     bias_f = bias->to(at::kFloat).contiguous();
     b = bias_f.data_ptr<float>();
   }

@@ -115,7 +115,8 @@ at::Tensor rms_norm(const at::Tensor& x_in, const at::Tensor& weight, double eps
   const at::Tensor x = in_place ? x_in : x_in.reshape({-1, x_in.size(-1)}).contiguous();
   check_rows(x, "rms_norm");
   TORCH_CHECK(weight.dim() == 1 && weight.numel() == x.size(-1) && weight.is_contiguous() &&
-              weight.scalar_type() == x.scalar_type(), "rms_norm: weight [D] of x's dtype");
+              weight.scalar_type() == x.scalar_type() && weight.device().is_cpu(),
+              "rms_norm: weight [D] of x's dtype on the CPU");
   at::Tensor out = at::empty(x.sizes(), x.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rms_norm",
                                   [&] { norm_rows<scalar_t>(x, weight, eps, out); });
@@ -130,7 +131,8 @@ at::Tensor norm_rope(const at::Tensor& x, const c10::optional<at::Tensor>& weigh
   TORCH_CHECK(x.dim() == 3 && x.size(2) % 2 == 0, "norm_rope: x [T, H, D] with an even D");
   const bool has_weight = weight.has_value() && weight->defined();
   TORCH_CHECK(!has_weight || (weight->dim() == 1 && weight->numel() == x.size(2) && weight->is_contiguous() &&
-                              weight->scalar_type() == x.scalar_type()), "norm_rope: weight [D] of x's dtype");
+                              weight->scalar_type() == x.scalar_type() && weight->device().is_cpu()),
+              "norm_rope: weight [D] of x's dtype on the CPU");
   for (const at::Tensor* t : {&cos, &sin})
     TORCH_CHECK(t->dim() == 2 && t->size(0) == x.size(0) && t->size(1) >= x.size(2) / 2 && t->stride(1) == 1 &&
                 t->scalar_type() == x.scalar_type() && t->device().is_cpu(),

@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "checks.h"
+
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
 #define STEP14_BF16_DOT 1
 #include <immintrin.h>
@@ -69,7 +71,8 @@ void dot_block_any(const uint16_t* x, int64_t m, int64_t k, const uint16_t* w, i
     case 1: return dot_block<1>(x, k, w, first, rows, sums);
     case 2: return dot_block<2>(x, k, w, first, rows, sums);
     case 3: return dot_block<3>(x, k, w, first, rows, sums);
-    default: return dot_block<4>(x, k, w, first, rows, sums);
+    case 4: return dot_block<4>(x, k, w, first, rows, sums);
+    default: TORCH_CHECK(false, "small_linear: ", m, " rows");  // the entry point refuses these first
   }
 }
 #endif
@@ -98,6 +101,7 @@ at::Tensor small_linear(const at::Tensor& x_in, const at::Tensor& weight, const 
   TORCH_CHECK(x_in.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kBFloat16 &&
               weight.is_contiguous() && x_in.device().is_cpu() && weight.device().is_cpu(),
               "small_linear: bfloat16 CPU tensors, contiguous weight");
+  check_bias(bias, weight.size(0), "small_linear");
   TORCH_CHECK(!silu_mul || weight.size(0) % 2 == 0, "small_linear: silu_mul needs gate and up rows");
   const at::Tensor x = x_in.contiguous();
   const int64_t m = x.size(0), k = x.size(1), n = weight.size(0), width = silu_mul ? n / 2 : n;
@@ -105,10 +109,10 @@ at::Tensor small_linear(const at::Tensor& x_in, const at::Tensor& weight, const 
   const float* b = nullptr;
   at::Tensor bias_f;
   if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK(bias->numel() == n, "small_linear: bias [N]");
     bias_f = bias->to(at::kFloat).contiguous();
     b = bias_f.data_ptr<float>();
   }
+  if (m == 0 || width == 0) return out;  // nothing to read (an empty x has no storage)
 #ifdef STEP14_BF16_DOT
   const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
   const uint16_t* wp = reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>());
