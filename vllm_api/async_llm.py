@@ -7,8 +7,10 @@ until it finishes. One background thread (step_loop.py) steps the engine while a
 unfinished and sleeps otherwise. Leaving the ``async for`` early -- a ``break``, a cancelled
 task, a disconnected client -- aborts the request, so its blocks return at once (cached ones
 stay reusable). ``pause_generation`` / ``resume_generation`` hold new requests at the door
-(mode "abort" aborts those running, "keep" freezes them, "wait" lets them finish);
-``sleep(level=0)`` / ``wake_up(["scheduling"])`` are the same pause, as in vLLM.
+(mode "abort" aborts those running, "keep" freezes them, "wait" lets them finish) and stop
+the step loop; pause returns only once no step runs and the outputs of the steps before
+have reached their streams. ``sleep(level=0)`` / ``wake_up(["scheduling"])`` are the same
+pause, as in vLLM.
 """
 from __future__ import annotations
 
@@ -90,17 +92,21 @@ class AsyncLLM:
 
     async def pause_generation(self, *, mode: str = "abort", clear_cache: bool = True) -> None:
         """Hold new requests until ``resume_generation()``; ``mode`` says what happens to the
-        running ones: "abort" them, "keep" them frozen, or "wait" until they finish."""
+        running ones: "abort" them, "keep" them frozen, or "wait" until they finish. Returns
+        once no step runs (none starts until the resume) and every output of the steps before
+        is in its stream's queue (a stream on another event loop: sent to that loop)."""
         if mode not in PAUSE_MODES:
             raise ValueError(f"Invalid pause mode: {mode}")
+        self._check_alive()
         with self._gate:
             self._paused = True
         if mode == "abort":
             self.llm_engine.abort_request(list(self._steps.sinks))
-        elif mode == "keep":
-            self._steps.set_frozen(True)
-        if mode != "keep":
-            await asyncio.to_thread(self._steps.wait_idle)
+        if threading.current_thread() is self._steps.thread:  # a hook inside a step: waiting
+            self._steps.set_frozen(True)                      # for that step would never end
+        else:  # off the event loop; done only after the outputs it waited for, on this loop
+            await asyncio.to_thread(self._steps.pause, mode == "wait")
+        self._check_alive()
         if clear_cache:
             self.llm_engine.reset_prefix_cache()
 

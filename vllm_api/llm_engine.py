@@ -165,12 +165,13 @@ class LLMEngine(LLMExtras):
         """One step; the outputs of ``add_request``'s requests (per their ``output_kind``),
         including any produced while a ``generate()`` call was stepping. Nothing while
         paused (``sleep(level=0)``)."""
-        if self.paused:
-            return []
-        try:
-            return self.engine_core.step()
-        finally:
-            self.flush_kv_events()
+        with self.engine_core.lock:  # sleep() sets paused under it: no step starts after sleep()
+            if self.paused:
+                return []
+            try:
+                return self.engine_core.step()
+            finally:
+                self.flush_kv_events()
 
     def run_until_finished(self, sink: OutputSink, num_requests: int) -> None:
         try:

@@ -113,17 +113,19 @@ class LLMExtras:
     def sleep(self, level: int = 1, mode: str = "abort") -> None:
         """vLLM's pause: ``sleep(level=0)`` stops scheduling (requests are still accepted,
         ``step()`` runs nothing) until ``wake_up(tags=["scheduling"])``; ``mode`` "abort"
-        aborts the requests in the engine, "keep" keeps them. Deeper levels free memory this
-        engine never frees, and are refused."""
+        aborts the requests in the engine, "keep" keeps them. A ``step()`` under way in another
+        thread finishes first. Deeper levels free memory this engine never frees, and are
+        refused."""
         check_sleep_level(level)
         if mode not in ("abort", "keep"):
             refuse(f"sleep(mode={mode!r}) on the offline engine",
                    "its steps run in the caller's thread: finish the requests with step() "
                    "first, or use mode='keep'")
         engine = getattr(self, "llm_engine", self)
-        if mode == "abort":
-            engine.abort_request(list(engine.engine_core.output_processor.requests))
-        engine.paused = True
+        with engine.engine_core.lock:  # between steps (re-entrant: a hook inside a step may call)
+            if mode == "abort":
+                engine.abort_request(list(engine.engine_core.output_processor.requests))
+            engine.paused = True
 
     def wake_up(self, tags=None) -> bool:
         """Resume scheduling (``tags`` None or naming "scheduling"); True: fully awake."""

@@ -7,6 +7,11 @@ of the engine (model, KV pool). One client whose event loop has closed loses its
 only: its request is aborted after the step. Anything a step raises -- an ``Exception`` or a
 ``BaseException`` such as ``SystemExit`` from a user's ``hash_fn`` -- marks the engine dead:
 every stream, and every later call, gets ``EngineDeadError``.
+
+``pause()`` is a handshake, not a flag: it freezes the loop, then blocks until the thread is
+between steps. A step's outputs are sent (``call_soon_threadsafe``, in order) inside the step,
+so by then they are on their way to every stream, and a stream on the pausing caller's own
+event loop has them queued before that caller resumes.
 """
 from __future__ import annotations
 
@@ -49,7 +54,8 @@ class StepLoop:
         self.wake = threading.Condition()
         self.dead: EngineDeadError | None = None
         self.stopped = False
-        self.frozen = False  # pause_generation(mode="keep"): requests stay, no steps
+        self.frozen = False  # paused: requests stay, no step starts
+        self.busy = False    # a step is under way, its outputs perhaps not all sent yet
         self.lost: list[str] = []
         self.thread = threading.Thread(target=self._run, name="async-llm-steps", daemon=True)
         self.thread.start()
@@ -75,14 +81,16 @@ class StepLoop:
                 self._die(exc)
                 return
             with self.wake:
-                self.wake.notify_all()  # wake wait_idle()
+                self.busy = False
+                self.wake.notify_all()  # wake wait_idle() and pause()
 
     def _wait_for_work(self) -> bool:
         with self.wake:
             while not self.stopped and (self.frozen or not self.engine.has_unfinished_requests()):
                 self.wake.notify_all()
                 self.wake.wait()
-            return not self.stopped
+            self.busy = not self.stopped  # decided under the lock: pause() sees it or stops it
+            return self.busy
 
     def _abort_lost(self) -> None:
         lost, self.lost = self.lost, []
@@ -92,16 +100,33 @@ class StepLoop:
 
     def _die(self, exc: BaseException) -> None:
         self.dead = EngineDeadError(exc)
-        with self.wake:
-            self.wake.notify_all()
         for sink in list(self.sinks.values()):
             sink.fail(self.dead)
+        with self.wake:
+            self.busy = False
+            self.wake.notify_all()
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Block until no request is unfinished (or the loop stopped); False on timeout."""
         with self.wake:
             return self.wake.wait_for(lambda: self.stopped or self.dead is not None
                                       or not self.engine.has_unfinished_requests(), timeout)
+
+    def pause(self, drain: bool = False) -> None:
+        """Freeze the loop; return once no step runs, so every output of the steps before is
+        sent. ``drain``: first let the unfinished requests run to the end (frozen ones too).
+        Blocks: call it off the event loop, and never from the step thread (it would wait for
+        itself; ``set_frozen(True)`` there stops the loop after the current step)."""
+        with self.wake:
+            if drain:
+                self.frozen = False
+                self.wake.notify_all()
+                self.wake.wait_for(lambda: self.stopped or self.dead is not None
+                                   or not self.engine.has_unfinished_requests())
+            self.frozen = True
+            self.wake.notify_all()
+            # not frozen: a resume came first, and the caller is no longer owed a pause
+            self.wake.wait_for(lambda: not self.busy or not self.frozen or self.dead is not None)
 
     def set_frozen(self, frozen: bool) -> None:
         with self.wake:
