@@ -8,114 +8,45 @@ A block is in exactly one of three states:
                      memory is needed (then it is evicted, least recently used first);
 * in use          -- ref_count > 0, held by that many block tables.
 
-The hash -> block map itself is the prefix cache's (prefix_cache.py, the chapter): when a
-free block that still carries a hash is popped for reuse, ``allocate`` hands it to the
-``evict`` function its caller passes (the scheduler passes ``PrefixCache.evict``, which drops
-the map's entry).
-
-The block manager owns every block's fields and the free queue's order. They live in one
-column per field (``BlockColumns``; a ``Block`` is a handle onto its row). ``snapshot()`` copies
-a column only when it is first written while the snapshot is held (most decode steps write
-none: the pool changes when a block fills or frees), and ``restore()`` puts those copies back:
-the engine core calls the pair around each operation (core/atomic.py), and nothing else here
-needs to know.
+The hash -> block map itself is the prefix cache's (prefix_cache.py, the chapter). A step
+does not take blocks as it plans: ``Reservation`` picks the blocks a plan will take (fresh ones
+from the free queue's front, cached ones it shares) without taking them, and the step's commit
+takes them (``take``, ``share``). A plan that is dropped (its forward raised) leaves the pool
+as it was.
 """
 from __future__ import annotations
 
-import weakref
 from typing import Callable
 
 import torch
 
-FIELDS = ("ref_count", "generation", "block_hash", "token_bytes", "parent", "salt",
-          "prev_id", "next_id", "in_free_queue")
-DEFAULTS = (0, 0, None, None, None, None, None, None, False)
-
-
-class ColumnCopies:
-    """A snapshot of the columns: ``columns[name]``, the column as it was, for each column
-    written since it was taken."""
-
-    __slots__ = ("columns", "__weakref__")
-
-    def __init__(self) -> None:
-        self.columns: dict[str, list] = {}
-
-
-class BlockColumns:
-    """Every block's fields, one list per field, indexed by block id."""
-
-    def __init__(self, num_blocks: int) -> None:
-        for name, default in zip(FIELDS, DEFAULTS):
-            setattr(self, name, [default] * num_blocks)
-        self._held: weakref.WeakSet[ColumnCopies] = weakref.WeakSet()  # snapshots still held
-
-    def snapshot(self) -> ColumnCopies:
-        copies = ColumnCopies()
-        self._held.add(copies)
-        return copies
-
-    def write(self, name: str, block_id: int, value) -> None:
-        """One field of one block; each held snapshot first copies a column it has not yet."""
-        column = getattr(self, name)
-        for copies in self._held:
-            if name not in copies.columns:
-                copies.columns[name] = column.copy()
-        column[block_id] = value
-
-    def put_back(self, copies: ColumnCopies) -> None:
-        for name, values in copies.columns.items():
-            getattr(self, name)[:] = values  # the same lists: Block handles keep reading them
-
-
-def _column(name: str, doc: str) -> property:
-    def get(block: Block):
-        return getattr(block.columns, name)[block.block_id]
-
-    def set_(block: Block, value) -> None:
-        block.columns.write(name, block.block_id, value)
-
-    return property(get, set_, doc=doc)
-
 
 class Block:
-    """One physical KV block plus the identity it carries while cached (a handle onto the
-    block manager's columns: one ``Block`` per block id, for the pool's whole life)."""
+    """One physical KV block plus the identity it carries while cached."""
 
-    __slots__ = ("columns", "block_id", "_blocks")
+    __slots__ = ("block_id", "ref_count", "generation", "block_hash", "token_bytes", "parent", "salt",
+                 "prev", "next", "in_free_queue")
 
-    def __init__(self, columns: BlockColumns, block_id: int, blocks: list[Block]) -> None:
-        self.columns, self.block_id, self._blocks = columns, block_id, blocks
-
-    ref_count = _column("ref_count", "How many block tables hold the block.")
-    generation = _column("generation", "Bumped on every allocation: (block_id, generation) names "
-                         "one lifetime of its K/V, so a child is never matched to a reused parent.")
-    block_hash = _column("block_hash", "The chain hash it is cached under (None: not cached).")
-    token_bytes = _column("token_bytes", "What the hash stands for, checked on every hit, so a "
-                          "collision can only cost a miss.")
-    parent = _column("parent", "(block_id, generation) of the block before it.")
-    salt = _column("salt", "The cache_salt of the request that saved it.")
-    prev_id = _column("prev_id", "The free queue's link to the front (None at the end).")
-    next_id = _column("next_id", "The free queue's link to the back (None at the end).")
-    in_free_queue = _column("in_free_queue", "True while its ref count is 0.")
-
-    @property
-    def prev(self) -> Block | None:
-        return None if self.prev_id is None else self._blocks[self.prev_id]
-
-    @property
-    def next(self) -> Block | None:
-        return None if self.next_id is None else self._blocks[self.next_id]
+    def __init__(self, block_id: int) -> None:
+        self.block_id = block_id
+        self.ref_count = 0   # how many block tables hold it
+        # Bumped on every allocation: (block_id, generation) names one lifetime of its K/V, so
+        # a child is never matched to a reused parent.
+        self.generation = 0
+        self.block_hash: int | None = None    # the chain hash it is cached under (None: not cached)
+        self.token_bytes: bytes | None = None  # what the hash stands for, checked on every hit
+        self.parent: tuple[int, int] | None = None  # (block_id, generation) of the block before it
+        self.salt: str | None = None          # the cache_salt of the request that saved it
+        self.prev: Block | None = None        # the free queue's links (None at its ends)
+        self.next: Block | None = None
+        self.in_free_queue = False
 
     def set_identity(self, block_hash: int, token_bytes: bytes, parent: tuple[int, int] | None,
                      salt: str | None) -> None:
         self.block_hash, self.token_bytes, self.parent, self.salt = block_hash, token_bytes, parent, salt
 
     def forget_identity(self) -> None:
-        self.block_hash = None
-        self.token_bytes = None
-        self.parent = None
-        self.salt = None
+        self.block_hash = self.token_bytes = self.parent = self.salt = None
 
     @property
     def lifetime(self) -> tuple[int, int]:
@@ -137,57 +68,48 @@ class FreeBlockQueue:
 
     The front is evicted first. Blocks that carry no cached content are pushed to the
     front (they cost nothing to reuse); cached blocks go to the back (most recently used).
-    The links are the blocks' ``prev_id`` / ``next_id``.
+    The links are the blocks' ``prev`` / ``next``.
     """
 
-    def __init__(self, blocks: list[Block]) -> None:
-        self.blocks = blocks
-        self.head_id: int | None = None
-        self.tail_id: int | None = None
+    def __init__(self) -> None:
+        self.head: Block | None = None
+        self.tail: Block | None = None
         self.size = 0
 
-    @property
-    def head(self) -> Block | None:
-        return None if self.head_id is None else self.blocks[self.head_id]
-
-    @property
-    def tail(self) -> Block | None:
-        return None if self.tail_id is None else self.blocks[self.tail_id]
-
     def push_back(self, block: Block) -> None:
-        block.prev_id, block.next_id = self.tail_id, None
-        if self.tail_id is None:
-            self.head_id = block.block_id
+        block.prev, block.next = self.tail, None
+        if self.tail is None:
+            self.head = block
         else:
-            self.tail.next_id = block.block_id
-        self.tail_id = block.block_id
+            self.tail.next = block
+        self.tail = block
         self._mark_added(block)
 
     def push_front(self, block: Block) -> None:
-        block.prev_id, block.next_id = None, self.head_id
-        if self.head_id is None:
-            self.tail_id = block.block_id
+        block.prev, block.next = None, self.head
+        if self.head is None:
+            self.tail = block
         else:
-            self.head.prev_id = block.block_id
-        self.head_id = block.block_id
+            self.head.prev = block
+        self.head = block
         self._mark_added(block)
 
     def remove(self, block: Block) -> None:
         prev, next_ = block.prev, block.next
         if prev is None:
-            self.head_id = block.next_id
+            self.head = next_
         else:
-            prev.next_id = block.next_id
+            prev.next = next_
         if next_ is None:
-            self.tail_id = block.prev_id
+            self.tail = prev
         else:
-            next_.prev_id = block.prev_id
-        block.prev_id = block.next_id = None
+            next_.prev = prev
+        block.prev = block.next = None
         block.in_free_queue = False
         self.size -= 1
 
     def pop_front(self) -> Block:
-        if self.head_id is None:
+        if self.head is None:
             raise RuntimeError("no free KV block (the scheduler must check can_allocate first)")
         block = self.head
         self.remove(block)
@@ -233,22 +155,10 @@ class BlockManager:
         if num_blocks < 1:
             raise ValueError(f"the KV pool needs at least one block, got num_blocks={num_blocks}")
         self.block_size = block_size
-        self.columns = BlockColumns(num_blocks)
-        self.blocks: list[Block] = []
-        self.blocks.extend(Block(self.columns, i, self.blocks) for i in range(num_blocks))
-        self.free_queue = FreeBlockQueue(self.blocks)
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free_queue = FreeBlockQueue()
         for block in self.blocks:
             self.free_queue.push_back(block)
-
-    def snapshot(self) -> tuple:
-        """Every block's fields and the free queue's ends, to ``restore`` after a failure."""
-        fq = self.free_queue
-        return self.columns.snapshot(), fq.head_id, fq.tail_id, fq.size
-
-    def restore(self, saved: tuple) -> None:
-        columns, head, tail, size = saved
-        self.columns.put_back(columns)
-        self.free_queue.head_id, self.free_queue.tail_id, self.free_queue.size = head, tail, size
 
     @property
     def num_blocks(self) -> int:
@@ -271,11 +181,19 @@ class BlockManager:
         return num_new_blocks + taken_from_free <= self.num_free_blocks
 
     def allocate(self, evict: Callable[[Block], None] = Block.forget_identity) -> Block:
-        """Pop the least recently used free block. If it still carries a cached identity,
-        ``evict(block)`` drops it first (the prefix cache's entry goes with it)."""
-        block = self.free_queue.pop_front()
+        """Pop the least recently used free block and take it. If it still carries a cached
+        identity, ``evict(block)`` drops it first (the prefix cache's entry goes with it)."""
+        block = self.free_queue.head
+        if block is None:
+            raise RuntimeError("no free KV block (the scheduler must check can_allocate first)")
         if block.block_hash is not None:
             evict(block)
+        self.take(block)
+        return block
+
+    def take(self, block: Block) -> Block:
+        """Take a free block that carries no identity (a reservation chose it): a new lifetime."""
+        self.free_queue.remove(block)
         block.ref_count = 1
         block.generation += 1
         return block
@@ -302,3 +220,41 @@ class BlockManager:
                     self.free_queue.push_front(block)
                 else:
                     self.free_queue.push_back(block)
+
+
+class Reservation:
+    """The blocks one step's plan will take, chosen without taking them: fresh blocks in the
+    free queue's order from its front, past those already chosen, and the idle cached blocks
+    it will share. The step's commit takes them; a plan that is dropped changes nothing here."""
+
+    def __init__(self, manager: BlockManager) -> None:
+        self.manager = manager
+        self.held: set[int] = set()  # ids of free blocks the plan takes (fresh or shared)
+        self._cursor = manager.free_queue.head  # every free block before it is held
+
+    @property
+    def num_free(self) -> int:
+        return self.manager.num_free_blocks - len(self.held)
+
+    def can_take(self, num_fresh: int, shared: list[Block]) -> bool:
+        from_free = sum(1 for b in shared if b.ref_count == 0 and b.block_id not in self.held)
+        return num_fresh + from_free <= self.num_free
+
+    def share(self, block: Block) -> None:
+        if block.ref_count == 0:
+            self.held.add(block.block_id)
+
+    def next_fresh(self) -> Block:
+        """The least recently used free block not yet held (it may still carry a hash)."""
+        block = self._cursor
+        while block is not None and block.block_id in self.held:
+            block = block.next
+        if block is None:
+            raise RuntimeError("no free KV block (the scheduler must check can_take first)")
+        self._cursor = block.next
+        self.held.add(block.block_id)
+        return block
+
+    def rewind(self) -> None:
+        """Blocks were freed into the queue (a preemption): look from its front again."""
+        self._cursor = self.manager.free_queue.head

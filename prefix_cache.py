@@ -32,10 +32,13 @@ reuses a free block that still carries a hash. ``with cache.recording() as event
 what happens to each block (``ChainEvent``); ``subscribe`` hands every event to a function.
 
 The cache owns its maps (hash -> block, the in-flight marks) and its counters, and writes each
-``Sequence``'s chain; ``snapshot()`` / ``restore()`` save and put them back, called by the
-engine core around each operation (core/atomic.py). ``NoPrefixCache`` at the end is the cache
-with prefix caching off: it never hits and never saves, so the scheduler never asks whether
-there is one.
+``Sequence``'s chain. A step plans, then commits (scheduler.py): while it plans, the blocks its
+admissions will compute are marked ``plan_in_flight`` (seen by the next lookups of the same
+plan) and become in flight at the commit; before the commit changes anything,
+``prepare_saves`` computes the hashes the saves need, so a commit never runs a hash function.
+A chain already on a ``Sequence`` stays there whatever becomes of the step: it is a function of
+tokens that never change. ``NoPrefixCache`` at the end is the cache with prefix caching off: it
+never hits and never saves, so the scheduler never asks whether there is one.
 """
 from __future__ import annotations
 
@@ -107,6 +110,8 @@ class PrefixCache:
         self.hash_fn = hash_fn  # swappable: tests plug in a weak hash to force collisions
         self._prefix_cache: dict[int, Block] = {}      # hash -> cached block
         self._in_flight: dict[int, Sequence] = {}      # hash -> sequence computing it
+        self._planned: dict[int, Sequence] = {}        # the same, for this step's admissions
+        self._ahead: dict[tuple[bytes, int], int] = {}  # hash_fn results a commit will ask for
         self._computing: dict[Sequence, list[int]] = {}  # sequence -> hashes it marked (never edited in place)
         self.hash_computations = 0
         self.num_evictions = 0
@@ -144,7 +149,9 @@ class PrefixCache:
         previous block's hash. ``tokens`` is a sequence's ``token_view()``: only the block's
         bytes are copied."""
         self.hash_computations += 1
-        return self.hash_fn(tokens[start:end].tobytes(), prev_hash)
+        data = tokens[start:end].tobytes()
+        ahead = self._ahead.get((data, prev_hash))  # hashed before a commit (prepare_saves)
+        return ahead if ahead is not None else self.hash_fn(data, prev_hash)
 
     # ------------------------------------------------------------------ 2. the chapter's change
     # Everything that depends on ``hash_strategy`` is in this section, and only here
@@ -168,6 +175,20 @@ class PrefixCache:
         else:  # the chapter: the lookup already hashed it; read it, no call
             self._trace("reuse", seq, index, seq._block_hashes[index], source=HashSource.REUSED)
         return seq._block_hashes[index]
+
+    def _hash_ahead(self, seq: Sequence, first: int, last: int, parent_hash: int) -> None:
+        """Ahead of a commit (``prepare_saves``): the hash calls its saves of blocks [first,
+        last) will make, made now; ``_chain_hash`` reads their results."""
+        if self.hash_strategy == "recompute":  # each saved block, from its parent's hash
+            todo, prev = range(first, last), parent_hash
+        elif last > len(seq._block_hashes):   # the chain, extended to every full block
+            todo, prev = range(len(seq._block_hashes), seq.num_tokens // self.block_size), seq._prev_hash
+        else:
+            return
+        bs, tokens = self.block_size, seq.token_view()
+        for index in todo:
+            data = tokens[index * bs:(index + 1) * bs].tobytes()
+            prev = self._ahead[data, prev] = self.hash_fn(data, prev)
 
     def _precompute_block_hashes(self, seq: Sequence, source: HashSource = HashSource.PRECOMPUTED) -> None:
         """The chapter: extend ``seq._block_hashes`` to all its full blocks; a no-op when it is
@@ -235,7 +256,7 @@ class PrefixCache:
 
         Admitting ``seq`` now would compute the block twice; one step later it is a hit.
         """
-        owner = self._in_flight.get(chain[index])
+        owner = self._in_flight.get(chain[index]) or self._planned.get(chain[index])
         if owner is not None and owner is not seq:
             self._trace("wait", seq, index, chain[index])
             return True
@@ -250,6 +271,18 @@ class PrefixCache:
         if ours:
             self._computing[seq] = ours
 
+    def plan_in_flight(self, seq: Sequence, match: PrefixMatch) -> None:
+        """A step's plan admits ``seq``: its blocks count as in flight for the rest of the plan
+        (``mark_in_flight`` makes it so at the commit)."""
+        for h in match.chain[len(match.blocks):]:
+            if h not in self._in_flight:
+                self._planned.setdefault(h, seq)
+
+    def forget_plan(self) -> None:
+        """A step's plan was committed or dropped: its marks are no longer planned."""
+        self._planned.clear()
+        self._ahead.clear()
+
     def release(self, seq: Sequence) -> None:
         """``seq`` left the running set (finished, preempted, aborted): drop its in-flight marks."""
         for h in self._computing.pop(seq, ()):
@@ -257,6 +290,17 @@ class PrefixCache:
                 del self._in_flight[h]
 
     # ------------------------------------------------------------------ 5. saving
+
+    def prepare_saves(self, seq: Sequence, start: int, end: int, block_table: list[int]) -> None:
+        """Before a commit changes anything: run the hash function for every block that saving
+        tokens [start, end) of ``seq`` (over ``block_table``) will hash, and keep the results,
+        so the commit itself runs no hash function (a swapped ``hash_fn`` may raise; a commit
+        must not stop half way). The saves still count and trace each hash as they use it."""
+        bs = self.block_size
+        first, last = start // bs, end // bs
+        parent = self.block_manager.blocks[block_table[first - 1]] if first else None
+        if last > first and (parent is None or parent.block_hash is not None):  # else nothing is saved
+            self._hash_ahead(seq, first, last, parent.block_hash if parent else seq._root_hash)
 
     def _do_prefill_step(self, seq: Sequence, start: int, end: int) -> list[tuple[int, Block]]:
         """Tokens [start, end) of ``seq`` now have K/V in the pool: register every block they
@@ -329,21 +373,6 @@ class PrefixCache:
     def num_cached_blocks(self) -> int:
         return len(self._prefix_cache)
 
-    # ------------------------------------------------------------------ after a failure
-
-    def snapshot(self) -> tuple:
-        """The maps and the counters, to ``restore`` after a failure (the chains it wrote are
-        their ``Sequence``'s own to save)."""
-        return (dict(self._prefix_cache), dict(self._in_flight), dict(self._computing),
-                self.hash_computations, self.num_evictions)
-
-    def restore(self, saved: tuple) -> None:
-        entries, in_flight, computing, self.hash_computations, self.num_evictions = saved
-        for live, old in ((self._prefix_cache, entries), (self._in_flight, in_flight),
-                          (self._computing, computing)):
-            live.clear()
-            live.update(old)
-
     # ------------------------------------------------------------------ watching it work
 
     @contextlib.contextmanager
@@ -389,6 +418,9 @@ class NoPrefixCache(PrefixCache):
 
     def cache_blocks(self, seq: Sequence, start: int, end: int) -> list[tuple[int, Block]]:
         return []
+
+    def prepare_saves(self, seq: Sequence, start: int, end: int, block_table: list[int]) -> None:
+        pass
 
     def root_hash(self, cache_salt: str | None) -> int:
         return 0

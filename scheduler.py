@@ -26,16 +26,16 @@ Admission takes the cached prefix the prefix cache finds, or waits a step when a
 sequence is computing the block it needs next. When blocks run out it preempts the most
 recently admitted running sequence.
 
-Nothing is lost when something fails: the scheduler owns its queues and counters, each
-``Sequence`` its fields, and ``snapshot()`` / ``restore()`` save and put back both; the engine
-core calls them around every step and every request change (core/atomic.py). So a step that
-raises anywhere -- in the forward, in a hook such as ``hash_fn``, on a ``KeyboardInterrupt``
-between two lines of the bookkeeping -- leaves every queue, block table and block exactly as
-before it, and the same step is simply scheduled again.
+A step is a plan, then a commit. ``schedule()`` plans: which tokens run, which waiting
+sequences are admitted with which cached and fresh blocks (``Reservation``), and it changes
+nothing of the sequences, the queues or the pool, except what the plan needs done before the
+forward writes: a preemption (its blocks are reused) and an eviction (a cached block whose K/V
+the forward will overwrite leaves the map now, so no failure can bring it back). ``commit()``
+applies the plan once the forward and sampling succeeded. A step that fails before its commit
+leaves every sequence where it was, and the same step is simply planned again.
 """
 from __future__ import annotations
 
-import copy
 import enum
 import itertools
 from collections import deque
@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from block_manager import Block, BlockManager
+from block_manager import Block, BlockManager, Reservation
 
 # Token ids as fixed-width little-endian bytes: what is hashed, stable across processes.
 TOKEN_DTYPE = np.dtype("<i8")
@@ -118,18 +118,6 @@ class Sequence:
         """Token ids of block ``index`` as fixed-width bytes (what is hashed and verified)."""
         return self.tokens[index * block_size:(index + 1) * block_size].tobytes()
 
-    def snapshot(self) -> tuple:
-        """Every field that changes while it runs (the token buffer only grows, so its length
-        is enough), to ``restore`` after a failure."""
-        return (self.num_tokens, self.status, list(self.block_table), self.num_computed_tokens,
-                list(self._block_hashes), self.finish_reason)
-
-    def restore(self, saved: tuple) -> None:
-        (self.num_tokens, self.status, block_table, self.num_computed_tokens, hashes,
-         self.finish_reason) = saved
-        self.block_table = list(block_table)
-        self._block_hashes[:] = hashes  # in place: a lookup's match may hold the list
-
     def __repr__(self) -> str:
         return (f"Sequence(id={self.request_id}, tokens={self.num_tokens}, "
                 f"computed={self.num_computed_tokens}, status={self.status.value})")
@@ -143,13 +131,43 @@ class SchedulerConfig:
 
 @dataclass
 class ScheduledChunk:
+    """Tokens [start, start + num_tokens) of ``seq``, run in one step over ``block_table``
+    (the sequence's own, or the one its admission will give it)."""
+
     seq: Sequence
     num_tokens: int
+    start: int
+    block_table: list[int]
 
     @property
     def completes_sequence(self) -> bool:
         """The chunk reaches the sequence's last token, so its logits are sampled."""
-        return self.seq.num_computed_tokens + self.num_tokens == self.seq.num_tokens
+        return self.start + self.num_tokens == self.seq.num_tokens
+
+
+@dataclass
+class Admission:
+    """A waiting sequence the plan admits: its cached prefix and the fresh blocks it takes."""
+
+    seq: Sequence
+    match: "PrefixMatch"
+    fresh: list[Block]
+
+
+@dataclass
+class StepPlan:
+    """One step, decided: the chunks to run, and what the commit applies besides advancing
+    them. Iterating it gives the chunks."""
+
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    admissions: list[Admission] = field(default_factory=list)
+    slots: list[tuple[Sequence, Block]] = field(default_factory=list)  # a decode token's new block
+
+    def __iter__(self):
+        return iter(self.chunks)
+
+    def __len__(self) -> int:
+        return len(self.chunks)
 
 
 @dataclass
@@ -181,84 +199,118 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
-    def snapshot(self) -> tuple:
-        """The queues, the counters and every queued sequence's fields."""
-        seqs = [*self.waiting, *self.running]
-        return (list(self.waiting), list(self.running), copy.copy(self.stats),
-                [(seq, seq.snapshot()) for seq in seqs])
+    # ------------------------------------------------------------------ the plan
 
-    def restore(self, saved: tuple) -> None:
-        waiting, running, stats, seqs = saved
-        self.waiting.clear()
-        self.waiting.extend(waiting)
-        self.running[:] = running
-        self.stats.__dict__.update(vars(stats))
-        for seq, fields in seqs:
-            seq.restore(fields)
-
-    def schedule(self) -> list[ScheduledChunk]:
-        budget = self.config.max_num_batched_tokens
-        chunks = self._schedule_decodes(budget)
-        budget -= len(chunks)
+    def schedule(self) -> StepPlan:
+        """Decode tokens first, then continuing prefill chunks, then admissions, within the
+        token budget. Changes nothing but preemptions and evictions (see the module's text)."""
+        plan, budget = StepPlan(), self.config.max_num_batched_tokens
+        reservation = Reservation(self.block_manager)
+        self.prefix_cache.forget_plan()  # a plan dropped before (its step failed) counts no more
+        self._plan_decodes(plan, reservation, budget)
+        budget -= len(plan.chunks)
         for seq in self.running:
             if budget > 0 and seq.num_uncomputed_tokens > 1:
-                chunks.append(ScheduledChunk(seq, min(seq.num_uncomputed_tokens, budget)))
-                budget -= chunks[-1].num_tokens
-        while budget > 0 and self.waiting and len(self.running) < self.config.max_num_seqs:
-            if not self._admit(self.waiting[0]):
+                n = min(seq.num_uncomputed_tokens, budget)
+                plan.chunks.append(ScheduledChunk(seq, n, seq.num_computed_tokens, seq.block_table))
+                budget -= n
+        seats = self.config.max_num_seqs - len(self.running)
+        while budget > 0 and len(plan.admissions) < min(seats, len(self.waiting)):
+            seq = self.waiting[len(plan.admissions)]  # in order: the first that must wait stops the rest
+            admission = self._plan_admission(seq, reservation)
+            if admission is None:
                 break
-            seq = self.waiting.popleft()
-            chunks.append(ScheduledChunk(seq, min(seq.num_uncomputed_tokens, budget)))
-            budget -= chunks[-1].num_tokens
-        return chunks
+            start = admission.match.num_cached_tokens
+            n = min(seq.num_tokens - start, budget)
+            table = [b.block_id for b in admission.match.blocks + admission.fresh]
+            plan.admissions.append(admission)
+            plan.chunks.append(ScheduledChunk(seq, n, start, table))
+            budget -= n
+        return plan
 
-    def _schedule_decodes(self, budget: int) -> list[ScheduledChunk]:
-        chunks = []
+    def _plan_decodes(self, plan: StepPlan, reservation: Reservation, budget: int) -> None:
         i = 0
-        while i < len(self.running) and len(chunks) < budget:
+        while i < len(self.running) and len(plan.chunks) < budget:
             seq = self.running[i]
             if seq.num_uncomputed_tokens == 1:
-                if not self._reserve_slot(seq):
+                table = self._plan_slot(seq, plan, reservation)
+                if table is None:
                     break  # seq itself was preempted; it was the last running one
-                chunks.append(ScheduledChunk(seq, 1))
+                plan.chunks.append(ScheduledChunk(seq, 1, seq.num_computed_tokens, table))
             i += 1
-        return chunks
 
-    def _reserve_slot(self, seq: Sequence) -> bool:
-        """Make sure the block table covers the next token, preempting from the tail if needed."""
-        bm = self.block_manager
-        while len(seq.block_table) * self.block_size < seq.num_tokens:
-            if bm.num_free_blocks > 0:
-                seq.block_table.append(self._allocate().block_id)
-                continue
+    def _plan_slot(self, seq: Sequence, plan: StepPlan, reservation: Reservation) -> list[int] | None:
+        """The block table that covers the next token: the sequence's own, or its own plus a
+        reserved block, preempting from the tail when none is free (None: seq was preempted)."""
+        if len(seq.block_table) * self.block_size >= seq.num_tokens:
+            return seq.block_table
+        while reservation.num_free == 0:
             victim = self.running[-1]
             self.preempt(victim)
+            reservation.rewind()
             if victim is seq:
-                return False
-        return True
+                return None
+        block = self._reserve_fresh(reservation)
+        plan.slots.append((seq, block))
+        return seq.block_table + [block.block_id]
 
-    def _admit(self, seq: Sequence) -> bool:
-        """Take cached blocks and allocate the rest for all of ``seq``'s tokens, or nothing."""
+    def _plan_admission(self, seq: Sequence, reservation: Reservation) -> Admission | None:
+        """Cached blocks and fresh ones for all of ``seq``'s tokens, or None (wait)."""
         match = self.prefix_cache.lookup(seq)
         if match.next_in_flight:
-            return False  # wait a step: the block is being written, then it is a hit
+            return None  # wait a step: the block is being written, then it is a hit
         num_new = -(-seq.num_tokens // self.block_size) - len(match.blocks)
-        if not self.block_manager.can_allocate(num_new, match.blocks):
-            return False
+        if not reservation.can_take(num_new, match.blocks):
+            return None
+        for block in match.blocks:
+            reservation.share(block)
+        fresh = [self._reserve_fresh(reservation) for _ in range(num_new)]
+        self.prefix_cache.plan_in_flight(seq, match)
+        return Admission(seq, match, fresh)
+
+    def _reserve_fresh(self, reservation: Reservation) -> Block:
+        """A fresh block for the plan. One still cached is evicted now: this step's forward
+        will overwrite its K/V, so its entry must be gone whether or not the step commits."""
+        block = reservation.next_fresh()
+        if block.block_hash is not None:
+            self.prefix_cache.evict(block)
+        return block
+
+    # ------------------------------------------------------------------ the commit
+
+    def commit(self, plan: StepPlan) -> None:
+        """The step's forward succeeded: admit, take the reserved blocks, advance each sequence
+        and cache the blocks it filled. The hashes the saves need are computed first, so
+        nothing below runs a hash function (a swapped ``hash_fn`` may raise)."""
+        for chunk in plan.chunks:
+            self.prefix_cache.prepare_saves(chunk.seq, chunk.start, chunk.start + chunk.num_tokens,
+                                            chunk.block_table)
+        for admission in plan.admissions:
+            self._admit(admission)
+        for seq, block in plan.slots:
+            seq.block_table.append(self.block_manager.take(block).block_id)
+        for chunk in plan.chunks:
+            seq, start = chunk.seq, chunk.start
+            seq.num_computed_tokens = end = start + chunk.num_tokens
+            self.stats.prompt_tokens_computed += max(0, min(end, seq.num_prompt_tokens) - start)
+            for index, twin in self.prefix_cache.cache_blocks(seq, start, end):
+                self._switch_to_twin(seq, index, twin)
+        self.prefix_cache.forget_plan()
+
+    def _admit(self, admission: Admission) -> None:
+        seq, match = admission.seq, admission.match
+        if self.waiting[0] is not seq:
+            raise RuntimeError(f"plan out of date: {seq.request_id} is not first in the waiting queue")
+        self.waiting.popleft()
         for block in match.blocks:
             self.block_manager.share(block)
-        new = [self._allocate() for _ in range(num_new)]
-        seq.block_table = [b.block_id for b in match.blocks + new]
+        fresh = [self.block_manager.take(block) for block in admission.fresh]
+        seq.block_table = [b.block_id for b in match.blocks + fresh]
         seq.num_computed_tokens = match.num_cached_tokens
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
         self.prefix_cache.mark_in_flight(seq, match)
         self._count_admission(seq, match)
-        return True
-
-    def _allocate(self) -> Block:
-        """A fresh block; reusing a cached-and-free one evicts it from the prefix cache."""
-        return self.block_manager.allocate(self.prefix_cache.evict)
 
     def _count_admission(self, seq: Sequence, match) -> None:
         self.stats.prefix_cache_queries += match.queried
@@ -266,21 +318,14 @@ class Scheduler:
             self.stats.prefix_cache_hits += seq.num_computed_tokens
         self.stats.prompt_tokens_cached += min(seq.num_computed_tokens, seq.num_prompt_tokens)
 
-    def commit(self, chunks: list[ScheduledChunk]) -> None:
-        """The step's forward succeeded: advance each sequence and cache the blocks it filled."""
-        for chunk in chunks:
-            seq, start = chunk.seq, chunk.seq.num_computed_tokens
-            seq.num_computed_tokens = end = start + chunk.num_tokens
-            self.stats.prompt_tokens_computed += max(0, min(end, seq.num_prompt_tokens) - start)
-            for index, twin in self.prefix_cache.cache_blocks(seq, start, end):
-                self._switch_to_twin(seq, index, twin)
-
     def _switch_to_twin(self, seq: Sequence, index: int, twin: Block) -> None:
         """An identical block was cached first (same prompt computed in the same step): share it
         and free ``seq``'s copy, so later blocks chain from one parent."""
         self.block_manager.share(twin)
         self.block_manager.free([seq.block_table[index]])
         seq.block_table[index] = twin.block_id
+
+    # ------------------------------------------------------------------ leaving the running set
 
     def preempt(self, seq: Sequence) -> None:
         """Free ``seq``'s blocks (cached ones stay reusable) and queue it first, to be prefilled

@@ -2,19 +2,24 @@
 
 One step (``EngineCore.step``), read top to bottom:
 
-1. ``scheduler.schedule()``  -- which tokens run: one per decoding sequence, then prefill chunks;
-   admitting a sequence looks its prompt up in the prefix cache (prefix_cache.py, the chapter);
+1. ``scheduler.schedule()``  -- the plan: which tokens run (one per decoding sequence, then
+   prefill chunks), which waiting sequences are admitted with which blocks; admitting looks
+   the prompt up in the prefix cache (prefix_cache.py, the chapter);
 2. ``model_runner.run()``    -- one forward for all of them on the paged KV pool, then sampling;
-3. ``scheduler.commit()``    -- only now, with forward and sampling done: advance each sequence
-   and register the blocks it filled in the prefix cache (the chapter's ``_do_prefill_step``);
-   then ``output_processor.process()`` appends the tokens, finishes sequences, emits outputs.
+3. ``scheduler.commit()``    -- only now, with forward and sampling done: admit, advance each
+   sequence and register the blocks it filled in the prefix cache (the chapter's
+   ``_do_prefill_step``); then ``output_processor.process()`` appends the tokens, finishes
+   sequences, emits outputs.
 
+Nothing is lost, by construction rather than by copies: planning changes nothing a failure
+could leave wrong (only preemptions and evictions, which the forward needs done and which hold
+whether or not it succeeds), the forward changes only K/V slots no committed state points at,
+and the commit runs no user code and holds Ctrl-C until it is whole (core/interrupts.py). A
+step that raises anywhere leaves every sequence where it was; the next step plans it again.
 Requests and aborts may come from any thread: every change to the engine's state takes one
 lock, so they land between steps, never inside one (an abort asked for from inside a step --
-by a tokenizer or hash hook -- is applied when the step's work is done). Every operation
-happens whole or not at all (core/atomic.py): each part saves its own state before it and puts
-it back if it raises anywhere, so the engine is exactly as before it, and usable. ``EngineCore.build`` makes every part from plain
-arguments; the vLLM layer (vllm_api/) builds its ``LLM`` on one.
+by a tokenizer or hook -- is applied when the step's work is done). ``EngineCore.build`` makes
+every part from plain arguments; the vLLM layer (vllm_api/) builds its ``LLM`` on one.
 """
 from __future__ import annotations
 
@@ -23,8 +28,8 @@ import threading
 from typing import Iterator
 
 from block_manager import BlockManager, KVCachePool
-from core.atomic import RESTORE_TRIES, Atomic, fields_of, put_fields
 from core.backend import Backend
+from core.interrupts import interrupts_allowed, interrupts_held
 from core.model_runner import ModelRunner
 from core.output_processor import OutputProcessor
 from core.outputs import RequestOutput
@@ -36,6 +41,9 @@ from prefix_cache import HashFn, NoPrefixCache, PrefixCache
 from scheduler import Scheduler, SchedulerConfig
 
 
+CANCEL_TRIES = 3  # a clean-up failing again and again is a bug, not an interrupt
+
+
 class EngineCore:
     def __init__(self, scheduler: Scheduler, model_runner: ModelRunner,
                  output_processor: OutputProcessor, limits: Limits) -> None:
@@ -44,14 +52,10 @@ class EngineCore:
         self.output_processor = output_processor
         self.limits = limits
         self.lock = threading.RLock()  # one step, or one change to the request table, at a time
-        # Held by the outermost operation: one started inside it (by a hook) is part of it.
-        self._in_operation = threading.Lock()
         self.stream = OutputSink()     # where outputs go when a request names no sink
         self.steps = 0
         self.stepping = False
-        self._deferred_aborts: list[str] = []  # asked for from inside a step
-        self.atomic = Atomic([self, scheduler, scheduler.block_manager, scheduler.prefix_cache,
-                              output_processor])
+        self._deferred_aborts: list[tuple] = []  # asked for from inside a step
 
     @classmethod
     def build(cls, model: CausalLM, num_blocks: int, *, block_size: int = 16,
@@ -104,45 +108,39 @@ class EngineCore:
         return self.stream.drain()
 
     def _step(self) -> None:
+        if self.stepping:
+            raise RuntimeError("a step cannot run inside another step (a hook of this engine's "
+                               "step called generate() or step())")
         self.stepping = True
-        self._abort_abandoned()
-        if self.model_runner.weights_changed():  # K/V of the old weights is never served again
-            self.reset_prefix_cache(reset_running_requests=True)
-        chunks = self.scheduler.schedule()
-        if not chunks:
-            if self.scheduler.has_unfinished:
-                raise RuntimeError("scheduler made no progress although requests are pending")
+        try:
+            self._abort_abandoned()
+            if self.model_runner.weights_changed():  # K/V of the old weights is never served again
+                self.reset_prefix_cache(reset_running_requests=True)
+                self.model_runner.note_weights()
+            plan = self.scheduler.schedule()
+            if not plan.chunks:
+                if self.scheduler.has_unfinished:
+                    raise RuntimeError("scheduler made no progress although requests are pending")
+                return
+            with interrupts_allowed():  # the long part: a Ctrl-C here stops the step uncommitted
+                result = self.model_runner.run(plan.chunks, self.output_processor.state_of)
+            if result is None:  # the weights changed during the forward: the next step re-prefills
+                return
+            self.output_processor.note_cached_tokens(plan.chunks)
+            self.scheduler.commit(plan)
+            self.steps += 1
+            self.output_processor.process(result)
+        finally:
             self.stepping = False
-            return
-        self.output_processor.note_cached_tokens(chunks)
-        result = self.model_runner.run(chunks, self.output_processor.state_of)
-        # Commit only once the forward and sampling succeeded; and a step that raises after
-        # that is rolled back whole, to be scheduled again.
-        self.scheduler.commit(chunks)
-        self.steps += 1
-        self.output_processor.process(result)
-        self.stepping = False
-        self._apply_deferred_aborts()
+            self.prefix_cache.forget_plan()
+            self._apply_deferred_aborts()
 
     @contextlib.contextmanager
     def operation(self) -> Iterator[None]:
-        """The engine's lock, and what runs inside happens whole or (on any exception) not at
-        all. Called from inside another operation (a hook of a step), it is part of that one."""
-        with self.lock:
-            if self._in_operation.locked():  # held by this thread: it holds self.lock
-                yield
-                return
-            with self._in_operation, self.atomic.operation():
-                yield
-
-    def snapshot(self) -> tuple:
-        """The core's own fields and the step caller's sink."""
-        return self.steps, self.stepping, list(self._deferred_aborts), fields_of(self.stream)
-
-    def restore(self, saved: tuple) -> None:
-        self.steps, self.stepping, deferred, stream = saved
-        self._deferred_aborts = list(deferred)
-        put_fields(self.stream, stream)
+        """The engine's lock (re-entrant: a hook of a step may ask for an abort, applied after
+        the step's work), and Ctrl-C held until the operation ends (core/interrupts.py)."""
+        with self.lock, interrupts_held():
+            yield
 
     def run_until_finished(self, sink: OutputSink, num_requests: int) -> None:
         """Step until ``num_requests`` of ``sink``'s requests have finished. Callers in other
@@ -161,7 +159,7 @@ class EngineCore:
             self._check_ids([r.request_id for r in requests])
             root_hash = self.prefix_cache.root_hash
             states = [make_request(r, self.limits, self.tokenizer, root_hash, sink or self.stream)
-                      for r in requests]
+                      for r in requests]  # everything that may raise, before anything changes
             for state in states:
                 self.output_processor.add(state)
             return states
@@ -189,9 +187,9 @@ class EngineCore:
         """Abort every live request whose outputs go to ``sink`` (None: every request), each
         on its own: one that raises does not stop the others (the first error is raised at
         the end). A ``generate()`` call cleans up by its sink: only its own requests. A clean-up
-        cut short (a second Ctrl-C) is run again, as ``Atomic`` runs a restore again."""
+        cut short (a second Ctrl-C) is run again."""
         first = None
-        for _ in range(RESTORE_TRIES):
+        for _ in range(CANCEL_TRIES):
             try:
                 self._cancel_once(sink)
                 break
@@ -202,13 +200,13 @@ class EngineCore:
 
     def _cancel_once(self, sink: OutputSink | None) -> None:
         errors = []
-        with self.lock:
+        with self.operation():  # a Ctrl-C meanwhile lands once every request is aborted
             mine = [s for s in self.output_processor.requests.values() if sink in (None, s.sink)]
-        for state in mine:
-            try:
-                self.abort(state.request_id, state)
-            except BaseException as exc:  # noqa: BLE001 -- re-raised below, after the rest
-                errors.append(exc)
+            for state in mine:
+                try:
+                    self.abort(state.request_id, state)
+                except Exception as exc:  # noqa: BLE001 -- re-raised below, after the rest
+                    errors.append(exc)
         if errors:
             raise errors[0]
 

@@ -1,9 +1,10 @@
 """One forward for a step: pack the scheduled chunks, run the model once, sample.
 
 The backend (core/backend.py: the plain path, or the fast layer's) plans the step's attention
-once and runs the forward, on the user's model itself. The runner also notes the weights each
-forward computes with (core/weights.py), so the engine can tell, before it schedules, that
-they changed since the K/V in its cache was computed (``weights_changed``). Logits are computed only where they are needed: each sampled
+once and runs the forward, on the user's model itself. The runner also keeps the weights the
+cached K/V was computed with (core/weights.py): the engine asks ``weights_changed`` before it
+plans a step, and a forward during which they changed (another thread, a hook) gives no
+result, so K/V of mixed weights is never committed. Logits are computed only where they are needed: each sampled
 sequence's last position, and the prompt positions of requests that asked for prompt logprobs.
 """
 from __future__ import annotations
@@ -48,7 +49,7 @@ class LogitsPlan:
     def build(cls, chunks: list[ScheduledChunk], request_of) -> "LogitsPlan":
         plan, offset = cls([], [], []), 0
         for chunk in chunks:
-            seq, start = chunk.seq, chunk.seq.num_computed_tokens
+            seq, start = chunk.seq, chunk.start
             request = request_of(seq)
             positions = _prompt_positions(request, seq, start, start + chunk.num_tokens)
             if positions:
@@ -76,35 +77,35 @@ class ModelRunner:
     def __init__(self, backend: Backend, kv_cache: KVCachePool, sampler: Sampler) -> None:
         self.backend, self.kv_cache, self.sampler = backend, kv_cache, sampler
         self.model, self.device = backend.model, backend.model.device
-        self.weights = WeightVersions(self.model)
-        self._weights_new = False  # changed since the last step that ran to its end
+        self.weights = WeightVersions(self.model)  # what the K/V in the pool was computed with
 
     def weights_changed(self) -> bool:
-        """Whether a parameter changed (in place, reassigned, loaded) since the last step
-        that ran to its end: K/V computed before is then not this model's any more."""
-        self._weights_new = self._weights_new or self.weights.changed()
-        return self._weights_new
+        """Whether a parameter changed (in place, reassigned, loaded) since the K/V in the pool
+        was computed: it is then not this model's any more."""
+        return self.weights.changed()
+
+    def note_weights(self) -> None:
+        """The pool's K/V was dropped: what comes next is computed with the weights as they are."""
+        self.weights.note()
 
     @property
     def block_size(self) -> int:
         return self.kv_cache.block_size
 
-    def run(self, chunks: list[ScheduledChunk], state_of) -> StepResult:
-        """``state_of(seq)``: the engine's ``SequenceState`` of a scheduled sequence."""
+    def run(self, chunks: list[ScheduledChunk], state_of) -> StepResult | None:
+        """``state_of(seq)``: the engine's ``SequenceState`` of a scheduled sequence. None when
+        the weights changed while the forward ran: its K/V mixes two models."""
         plan = LogitsPlan.build(chunks, lambda seq: state_of(seq).request)
         logits = self._forward(chunks, plan.logits_index)
         sampled = [state_of(c.seq) for c in chunks if c.completes_sequence]
         sample = self.sampler(logits if plan.samples_every_row else logits[plan.sample_rows],
                               sampled)
-        result = StepResult(sampled, sample, self._prompt_logprobs(logits, plan))
-        if self._weights_new:  # only now: a step that raised leaves the change to be seen again
-            self.weights.note()
-            self._weights_new = False
-        return result
+        if self.weights.changed():
+            return None
+        return StepResult(sampled, sample, self._prompt_logprobs(logits, plan))
 
     def _forward(self, chunks: list[ScheduledChunk], logits_index: list[int]) -> torch.Tensor:
-        seq_chunks = [SeqChunk(c.seq.num_computed_tokens, c.num_tokens, c.seq.block_table)
-                      for c in chunks]
+        seq_chunks = [SeqChunk(c.start, c.num_tokens, c.block_table) for c in chunks]
         input_ids = np.concatenate([c.seq.tokens[s.start:s.start + s.length]
                                     for c, s in zip(chunks, seq_chunks)])
         self.backend.before_step()

@@ -3,16 +3,15 @@ tokens, detokenize, decide which sequences finish, and hand outputs to whoever w
 
 The one home of finishing and outputs: ``finish_reason`` is set through the scheduler (which
 frees the blocks), timings and logprobs live on the records (requests.py), and every output
-goes to its request's ``OutputSink``. The processor owns the request table and the records;
-``snapshot()`` / ``restore()`` save and put back both (core/atomic.py calls them), so a step
-that raises here is undone whole with the rest.
+goes to its request's ``OutputSink``. The processor owns the request table and the records.
+``process`` runs inside a step's commit: a tokenizer that raises there finishes its own
+request with "error" and the rest goes on, so the commit is never left half done.
 """
 from __future__ import annotations
 
 import time
 import warnings
 
-from core.atomic import fields_of, put_fields
 from core.model_runner import StepResult
 from core.outputs import TokenTexts
 from core.requests import RequestState, SequenceState
@@ -33,22 +32,6 @@ class OutputProcessor:
         self.seq_states: dict[Sequence, SequenceState] = {}
         self.generation_tokens = 0
         self.prompt_tokens = 0  # each request's prompt once, when it is first scheduled
-
-    def snapshot(self) -> tuple:
-        """The table, the counters and every live request's records (sink and detokenizers
-        included)."""
-        objs = {id(obj): obj for state in self.requests.values() for obj in _records(state)}
-        records = [(obj, fields_of(obj)) for obj in objs.values()]  # a shared sink once
-        return dict(self.requests), dict(self.seq_states), self.generation_tokens, \
-            self.prompt_tokens, records
-
-    def restore(self, saved: tuple) -> None:
-        requests, seq_states, self.generation_tokens, self.prompt_tokens, records = saved
-        for live, old in ((self.requests, requests), (self.seq_states, seq_states)):
-            live.clear()
-            live.update(old)
-        for obj, fields in records:
-            put_fields(obj, fields)
 
     # ------------------------------------------------------------------ the table
 
@@ -97,8 +80,7 @@ class OutputProcessor:
             state = self.seq_states[chunk.seq]
             if state.num_cached_tokens is None:
                 self.prompt_tokens += chunk.seq.num_prompt_tokens if state.index == 0 else 0
-                state.num_cached_tokens = min(chunk.seq.num_computed_tokens,
-                                              chunk.seq.num_prompt_tokens)
+                state.num_cached_tokens = min(chunk.start, chunk.seq.num_prompt_tokens)
 
     def process(self, result: StepResult) -> None:
         """Store prompt logprobs, append the sampled tokens, emit outputs to their sinks."""
@@ -180,10 +162,3 @@ class OutputProcessor:
         elif state.output_kind is RequestOutputKind.FINAL_ONLY:
             return
         state.sink.put(state.output())
-
-
-def _records(state: RequestState) -> list:
-    """A request's mutable records: itself, its sink, each sequence's state and detokenizer."""
-    seq_states = state.sequences
-    detoks = [s.detokenizer for s in seq_states if s.detokenizer is not None]
-    return [state, state.sink, *seq_states, *detoks]

@@ -1,13 +1,15 @@
-"""Raising at any line of the engine's bookkeeping: ``LineFault`` counts the lines executed in
-the engine's own files (``sys.settrace``) and raises ``KeyboardInterrupt`` at the k-th, as a
-Ctrl-C could between any two lines; ``fingerprint`` is everything the bookkeeping holds, as
-plain data, to check that a failed operation changed nothing.
+"""A Ctrl-C at any line of the engine's bookkeeping: ``LineFault`` counts the lines executed in
+the engine's own files (``sys.settrace``) and sends the process SIGINT at the k-th, as a
+Ctrl-C could arrive between any two lines (Python raises ``KeyboardInterrupt`` there, or, in
+a section that holds interrupts, when the section ends); ``fingerprint`` is everything the
+bookkeeping holds, as plain data, to check what a failed operation changed.
 
 The model's forward (model.py, fast/) is not traced: an interrupt inside it changes no state
 (test_faults.py injects those).
 """
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 
@@ -42,7 +44,7 @@ class LineFault:
             self.count += 1
             self.lines.append((Path(frame.f_code.co_filename).name, frame.f_lineno))
             if self.fired:
-                raise KeyboardInterrupt(f"injected at traced line {self.k}")
+                signal.raise_signal(signal.SIGINT)  # as a Ctrl-C: the handler decides when it lands
         return self._line
 
 

@@ -103,29 +103,25 @@ def test_a_plain_zmq_subscriber_reads_vllms_frames(llama_dir):
         llm.llm_engine.shutdown()
 
 
-def test_a_step_rolled_back_publishes_nothing(llama_dir):
-    """A step that raises after its blocks were saved (the tokenizer-free decode of its tokens
-    done, a hook failing) is rolled back, and so are its events: what subscribers get is the
-    blocks of the steps that happened, each once."""
-    from invariants import engine_core
-
+def test_a_step_that_fails_before_its_commit_publishes_nothing_of_it(llama_dir):
+    """A forward hook raising: the step commits nothing, so it saves (and publishes) nothing;
+    the step run again publishes the prompt's blocks, once."""
     llm = make_llm(llama_dir, kv_events_config=NULL)
-    batches, prompt = subscribed(llm), random_prompt(40, 9)
-    process, failed = engine_core(llm).output_processor.process, []
+    batches, prompt, failed = subscribed(llm), random_prompt(40, 9), []
 
-    def fail_once(result):
-        process(result)
+    def fail_once(module, args, output):
         if not failed:
             failed.append(1)
-            raise RuntimeError("after the save")
+            raise RuntimeError("in the forward")
 
-    engine_core(llm).output_processor.process = fail_once
+    handle = llm.llm_engine.model.layers[0].register_forward_hook(fail_once)
     llm.add_request(prompt, greedy(2))
-    with pytest.raises(RuntimeError, match="after the save"):
+    with pytest.raises(RuntimeError, match="in the forward"):
         llm.step()
     assert llm.prefix_cache.num_cached_blocks == 0 and not llm.llm_engine.kv_events.pending
     while llm.has_unfinished_requests():
         llm.step()
+    handle.remove()
     (stored,) = events_of(batches)
     assert stored.block_hashes == list(llm.prefix_cache.entries)[:2]
 

@@ -325,10 +325,11 @@ def test_the_strategy_is_asked_only_in_the_chapters_section():
     asked = [i for i, line in enumerate(source) if "self.hash_strategy" in line]
     inside = [i for i in asked if start < i < end]
     outside = [source[i].strip() for i in asked if not start < i < end]
-    assert len(inside) == 2, inside  # _chain_for_lookup and _hash_for_save
+    # _chain_for_lookup, _hash_for_save, and _hash_ahead (which calls a commit will make)
+    assert len(inside) == 3, inside
     assert outside == ["self.hash_strategy = hash_strategy"], outside
     methods = [line.split("(")[0].split()[-1] for line in source[start:end] if line.strip().startswith("def ")]
-    assert methods == ["_chain_for_lookup", "_hash_for_save", "_precompute_block_hashes",
+    assert methods == ["_chain_for_lookup", "_hash_for_save", "_hash_ahead", "_precompute_block_hashes",
                        "_rebuild_chain", "_rehash_block"], methods
 
 

@@ -108,10 +108,10 @@ def as_config(value) -> KVEventsConfig | None:
 
 class KVEventStream:
     """Turns one prefix cache's trace into vLLM's events; ``flush()`` hands the pending ones,
-    as one ``KVEventBatch``, to every subscriber. It is one of the parts the engine core saves
-    around each operation (``snapshot`` / ``restore``): a step undone takes its events back with
-    it, so none is ever published. A subscriber that raises is logged and counted
-    (``failed_sends``); the others still get every batch."""
+    as one ``KVEventBatch``, to every subscriber. Each event is a change the cache really made:
+    a step that fails before its commit saves nothing (its evictions do happen, and are
+    published). A subscriber that raises is logged and counted (``failed_sends``); the others
+    still get every batch."""
 
     def __init__(self, prefix_cache, block_size: int) -> None:
         self.blocks = prefix_cache.block_manager.blocks
@@ -123,15 +123,6 @@ class KVEventStream:
         self.subscribers: list[Callable[[KVEventBatch], None]] = []
         self.failed_sends = 0
         prefix_cache.subscribe(self.on_chain_event)
-
-    def snapshot(self) -> tuple:
-        with self.lock:
-            return list(self.pending), self._last_request, list(self._forgotten)
-
-    def restore(self, saved: tuple) -> None:
-        pending, last_request, forgotten = saved
-        with self.lock:
-            self.pending, self._last_request, self._forgotten = list(pending), last_request, list(forgotten)
 
     def subscribe(self, callback: Callable[[KVEventBatch], None]) -> None:
         self.subscribers.append(callback)

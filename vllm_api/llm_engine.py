@@ -84,8 +84,6 @@ class LLMEngine(LLMExtras):
         self.engine_core = self._build_core(loaded)
         self.kv_events = build_stream(self.config.kv_events_config, self.prefix_cache,
                                       self.config.block_size, publisher)  # None unless enabled
-        if self.kv_events is not None:
-            self.engine_core.atomic.add(self.kv_events)  # an undone step publishes nothing
         self._auto_ids = itertools.count()
         self.worker = worker_cls(self)  # collective_rpc's one worker, its extension's state kept
 
