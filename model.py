@@ -61,14 +61,16 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
 
     @classmethod
-    def from_hf(cls, hf) -> "ModelConfig":
-        """The decoder ``model_type`` names, with its biases and windows as HF builds them."""
+    def from_hf(cls, hf, source: str = "config.json") -> "ModelConfig":
+        """The decoder ``model_type`` names, with its biases and windows as HF builds them;
+        an impossible field is refused naming it and ``source`` (where the config came from)."""
         model_type = getattr(hf, "model_type", None)
         if model_type not in MODEL_TYPES:
             arch = (getattr(hf, "architectures", None) or [None])[0]
             raise ValueError(f"unsupported architecture {arch!r}: config.json's model_type "
                              f"{model_type!r} is none of {', '.join(MODEL_TYPES)} (supported: "
                              f"{', '.join(SUPPORTED_ARCHITECTURES)})")
+        check_config(hf.to_dict(), source)  # transformers' defaults and any hf_overrides included
         num_heads = hf.num_attention_heads
         head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // num_heads
         return cls(
@@ -82,6 +84,49 @@ class ModelConfig:
             **_biases(model_type, hf), qk_norm=model_type == "qwen3",
             tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
             layer_windows=_layer_windows(hf, model_type), eos_token_ids=_as_tuple(hf.eos_token_id))
+
+
+def _is_count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
+_COUNT = "an integer >= 1"
+# Each field a decoder is built from, and what it must be: (field, what, test of its value ``v``
+# given the whole config ``c``), checked in order, so a row may rely on the rows above it. An
+# absent field is not checked (transformers fills its default). transformers 5 checks the types
+# but hardly a value (a Llama with 0 heads fails there with a ZeroDivisionError, naming nothing).
+CONFIG_RULES: tuple[tuple[str, str, Callable], ...] = (
+    ("vocab_size", _COUNT, lambda v, c: _is_count(v)),
+    ("hidden_size", _COUNT, lambda v, c: _is_count(v)),
+    ("intermediate_size", _COUNT, lambda v, c: _is_count(v)),
+    ("num_hidden_layers", _COUNT, lambda v, c: _is_count(v)),
+    ("num_attention_heads", _COUNT, lambda v, c: _is_count(v)),
+    ("num_key_value_heads", "an integer >= 1 that divides num_attention_heads "
+     "({num_attention_heads}), or null", lambda v, c: v is None or _is_count(v) and
+     c.get("num_attention_heads", v) % v == 0),
+    ("head_dim", f"{_COUNT}, or null", lambda v, c: v is None or _is_count(v)),
+    ("hidden_size", "a multiple of num_attention_heads ({num_attention_heads}) when head_dim "
+     "is not given", lambda v, c: c.get("head_dim") is not None or
+     v % c.get("num_attention_heads", 1) == 0),
+    ("max_position_embeddings", _COUNT, lambda v, c: _is_count(v)),
+    # a float, as transformers 5 requires; an eps <= 0, NaN or inf can make every norm NaN
+    ("rms_norm_eps", "a finite float > 0", lambda v, c: isinstance(v, float) and 0 < v < math.inf),
+    ("rope_theta", "a finite number > 0, or null", lambda v, c: v is None or (
+        isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < math.inf)),
+)
+
+
+def check_config(config: Mapping, source: str) -> None:
+    """Refuse the first impossible field (``CONFIG_RULES``) of ``config`` (config.json's
+    fields, or a transformers config's ``to_dict()``), naming it and ``source``."""
+    fields = dict(config)
+    rope = fields.get("rope_parameters")
+    if isinstance(rope, Mapping) and "rope_theta" in rope:  # where transformers 5 keeps it
+        fields["rope_theta"] = rope["rope_theta"]
+    for field, what, valid in CONFIG_RULES:
+        if field in fields and not valid(fields[field], fields):
+            raise ValueError(f"checkpoint config {source}: {field} is {fields[field]!r}, but it "
+                             f"must be {what.format_map(fields)}; the model is not built")
 
 
 def _biases(model_type: str, hf) -> dict:
@@ -579,13 +624,11 @@ def load_model(path: str | Path, dtype: str | torch.dtype | None, device: torch.
                trust_remote_code: bool = False, quantization: str | None = None) -> CausalLM:
     """Build the model from a local Hugging Face checkpoint directory; ``quantization="int8"``
     quantizes its float weights as they load (8-bit weights, above)."""
-    from transformers import AutoConfig
-
     check_quantization(quantization)
 
     path = _checkpoint_dir(path)
-    hf_config = hf_from_pretrained(AutoConfig, path, trust_remote_code, "the config")
-    cfg = ModelConfig.from_hf(hf_config)
+    hf_config = read_hf_config(path, trust_remote_code)
+    cfg = ModelConfig.from_hf(hf_config, str(path / "config.json"))
     torch_dtype = resolve_dtype(dtype, hf_config, device)
     with torch.device("meta"):
         model = CausalLM(cfg)
@@ -596,6 +639,22 @@ def load_model(path: str | Path, dtype: str | torch.dtype | None, device: torch.
     model.rope = RotaryEmbedding(cfg.head_dim, cfg.rope_parameters, cfg.max_position_embeddings).to(device)
     _load_weights(model, path, torch_dtype)
     return quantized(model, quantization)
+
+
+def read_hf_config(path: Path, trust_remote_code: bool):
+    """The checkpoint's transformers config, config.json checked before transformers parses
+    it: transformers refuses some impossible values itself, in words that name neither the
+    file nor (a ZeroDivisionError) the field."""
+    from transformers import AutoConfig
+
+    file = path / "config.json"
+    try:
+        raw = json.loads(file.read_text())
+    except ValueError:
+        raw = None  # not JSON: transformers' own error names the file
+    if isinstance(raw, dict):
+        check_config(raw, str(file))
+    return hf_from_pretrained(AutoConfig, path, trust_remote_code, "the config")
 
 
 def hf_from_pretrained(auto_class, path, trust_remote_code: bool, what: str):
@@ -640,7 +699,7 @@ def safetensors_files(path: Path) -> list[Path]:
     never read, so it can never replace a weight."""
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        names = sorted(set(_index_files(path, index)))
         missing = [n for n in names if not (path / n).is_file()]
         if missing:
             raise FileNotFoundError(f"checkpoint shard(s) missing in {path}: {', '.join(missing)}")
@@ -653,6 +712,32 @@ def safetensors_files(path: Path) -> list[Path]:
     raise FileNotFoundError(f"checkpoint directory {str(path)!r} has neither model.safetensors nor "
                             f"model.safetensors.index.json (found {', '.join(others)}: which of them "
                             f"are the weights is not said, so none is read)")
+
+
+def _index_files(path: Path, index: Path) -> list[str]:
+    """The file names the index's weight_map gives, each checked to lie inside ``path`` (its
+    real location, symlinks followed) before any is opened: an index must not make the loader
+    read a file elsewhere (``../x``, an absolute path, a link out of the folder)."""
+    try:
+        data = json.loads(index.read_text())
+    except ValueError as err:
+        raise ValueError(f"cannot read checkpoint index {index}: {err}") from None
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict):
+        found = "missing" if weight_map is None else f"a {type(weight_map).__name__}"
+        raise ValueError(f"checkpoint index {index}: weight_map must be a JSON object mapping "
+                         f"tensor names to file names, but it is {found}")
+    root = path.resolve()
+    for name, file in weight_map.items():
+        if not isinstance(file, str):
+            raise ValueError(f"checkpoint index {index}: weight_map entry {name!r} -> {file!r}: "
+                             f"the file name is not a string")
+        target = (root / file).resolve()
+        if not target.is_relative_to(root):
+            raise ValueError(f"checkpoint index {index}: weight_map entry {name!r} -> {file!r} "
+                             f"names a file outside the checkpoint directory {root} (it is "
+                             f"{target}); nothing outside it is read")
+    return list(weight_map.values())
 
 
 # HF parameter names -> (our parameter, slice of the fused tensor it fills)

@@ -1,9 +1,13 @@
 """Checkpoint loading beyond one file: sharded safetensors, missing shards and tensors, bfloat16,
-a tied checkpoint that also stores lm_head.weight (loaded as transformers loads it)."""
+a tied checkpoint that also stores lm_head.weight (loaded as transformers loads it), an index
+that names a file outside the checkpoint, a config field no model can have."""
 from __future__ import annotations
 
 import json
+import math
+import os
 import shutil
+import sys
 import warnings
 from pathlib import Path
 
@@ -189,3 +193,151 @@ def test_trust_remote_code_true_is_passed_through(tokenizer_ckpt, tmp_path, no_s
     llm = make_llm(ckpt, trust_remote_code=True)
     assert type(llm.get_tokenizer()).__name__ == "OwnTokenizer"
     assert (ckpt / "MARKER").read_text() == "the checkpoint code ran" and no_stdin == []
+
+
+# ----------------------------------------------------------------------------- the index
+
+_opened: list[str] | None = None  # while a test records: every file Python opens
+_hooked = False  # an audit hook cannot be removed: one, for the whole run
+
+
+def _record_open(event: str, args: tuple) -> None:
+    if _opened is not None and event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
+        _opened.append(os.fsdecode(args[0]))
+
+
+@pytest.fixture
+def opened(monkeypatch) -> list[str]:
+    """The files the test opens: from Python (the audit hook) or through safetensors'
+    ``safe_open`` (whose Rust code opens files unseen by the hook)."""
+    import safetensors
+
+    global _opened, _hooked
+    if not _hooked:
+        sys.addaudithook(_record_open)
+        _hooked = True
+    files = _opened = []
+    real = safetensors.safe_open
+
+    def recording_safe_open(filename, *args, **kwargs):
+        files.append(str(filename))
+        return real(filename, *args, **kwargs)
+
+    monkeypatch.setattr(safetensors, "safe_open", recording_safe_open)
+    yield files
+    _opened = None
+
+
+# the index's file for model.norm.weight, and a symlink (where, to what) the case needs
+_ESCAPES = {
+    "parent": ("../outside/shard.safetensors", None),
+    "absolute": ("{tmp}/outside/shard.safetensors", None),
+    "symlinked-dir": ("link/shard.safetensors", ("link", "../outside")),
+    "symlinked-file": ("shard.safetensors", ("shard.safetensors", "../outside/shard.safetensors")),
+    "subfolder": ("sub/../../outside/shard.safetensors", None),
+    "inside": ("sub/shard.safetensors", None),  # the control: the same file inside loads
+}
+
+
+@pytest.mark.parametrize("case", list(_ESCAPES))
+def test_an_index_naming_a_file_outside_the_checkpoint_is_refused(llama_dir, tmp_path, opened,
+                                                                  case):
+    """Refused naming the entry, and nothing outside is opened, though the file there (a valid
+    copy of the weights) would load."""
+    from safetensors import safe_open
+
+    name, link = _ESCAPES[case]
+    name = name.format(tmp=tmp_path)
+    ckpt, outside = tmp_path / "ckpt", tmp_path / "outside"
+    shutil.copytree(llama_dir, ckpt)
+    outside.mkdir()
+    (ckpt / "sub").mkdir()
+    for copy in (outside / "shard.safetensors", ckpt / "sub" / "shard.safetensors"):
+        shutil.copy(ckpt / "model.safetensors", copy)
+    if link:
+        (ckpt / link[0]).symlink_to(link[1])
+    with safe_open(str(ckpt / "model.safetensors"), framework="pt") as f:
+        weight_map = {tensor: "model.safetensors" for tensor in f.keys()}
+    weight_map["model.norm.weight"] = name
+    (ckpt / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    opened.clear()
+    if case == "inside":
+        make_llm(ckpt)
+        assert str(ckpt / "sub" / "shard.safetensors") in opened
+    else:
+        with pytest.raises(ValueError, match="outside the checkpoint directory") as err:
+            make_llm(ckpt)
+        assert f"'model.norm.weight' -> {name!r}" in str(err.value)
+        assert not [f for f in opened if f.endswith(".safetensors")]  # refused before any is read
+    assert not [f for f in opened if Path(f).resolve().is_relative_to(outside)]
+
+
+@pytest.mark.parametrize("index, named", [
+    ("{", "cannot read checkpoint index"),
+    ({"metadata": {}}, "weight_map must be a JSON object .* but it is missing"),
+    ({"weight_map": ["model.safetensors"]}, "weight_map must be a JSON object .* but it is a list"),
+    ({"weight_map": {"model.norm.weight": 5}}, "entry 'model.norm.weight' -> 5: the file name"),
+    ({"weight_map": {"model.norm.weight": None}}, "entry 'model.norm.weight' -> None: the file"),
+], ids=["not-json", "missing", "list", "number", "null"])
+def test_an_index_whose_weight_map_is_not_names_to_files_is_refused(llama_dir, tmp_path, index,
+                                                                    named):
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(llama_dir, ckpt)
+    text = index if isinstance(index, str) else json.dumps(index)
+    (ckpt / "model.safetensors.index.json").write_text(text)
+    with pytest.raises(ValueError, match=named) as err:
+        make_llm(ckpt)
+    assert str(ckpt / "model.safetensors.index.json") in str(err.value)
+
+
+# ----------------------------------------------------------------------------- config fields
+
+_ABSENT = "absent"  # the field left out of config.json (a string: test ids must not vary)
+_DEFAULT_ROPE = {"rope_type": "default"}
+
+
+@pytest.mark.parametrize("field, changes", [
+    ("vocab_size", {"vocab_size": -5}), ("vocab_size", {"vocab_size": 0}),
+    ("vocab_size", {"vocab_size": 512.0}), ("vocab_size", {"vocab_size": "512"}),
+    ("vocab_size", {"vocab_size": True}),
+    ("num_attention_heads", {"num_attention_heads": 0}),  # a Llama: ZeroDivisionError in HF
+    ("num_attention_heads", {"num_attention_heads": -4}),
+    ("num_attention_heads", {"num_attention_heads": 4.0}),
+    ("num_key_value_heads", {"num_key_value_heads": 0}),
+    ("num_key_value_heads", {"num_key_value_heads": 3}),  # does not divide 4 heads
+    ("hidden_size", {"hidden_size": 0}), ("hidden_size", {"hidden_size": 66, "head_dim": _ABSENT}),
+    ("num_hidden_layers", {"num_hidden_layers": 0}),
+    ("num_hidden_layers", {"num_hidden_layers": -1}),
+    ("intermediate_size", {"intermediate_size": 0}),
+    ("head_dim", {"head_dim": 0}), ("head_dim", {"head_dim": "32"}),
+    ("rms_norm_eps", {"rms_norm_eps": 0.0}), ("rms_norm_eps", {"rms_norm_eps": -1e-6}),
+    ("rms_norm_eps", {"rms_norm_eps": math.nan}), ("rms_norm_eps", {"rms_norm_eps": math.inf}),
+    ("rope_theta", {"rope_parameters": {**_DEFAULT_ROPE, "rope_theta": 0.0}}),
+    ("rope_theta", {"rope_parameters": {**_DEFAULT_ROPE, "rope_theta": -10000}}),
+    ("max_position_embeddings", {"max_position_embeddings": 0}),
+    # the same check where an override sets the field, and where no weight is read
+    ("num_hidden_layers", {"hf_overrides": {"num_hidden_layers": 0}}),
+    ("num_key_value_heads", {"hf_overrides": {"num_key_value_heads": 3}}),
+    ("vocab_size", {"vocab_size": -5, "load_format": "dummy"}),
+], ids=lambda p: p if isinstance(p, str) else ",".join(f"{k}={v!r}" for k, v in p.items()))
+def test_an_impossible_config_field_is_refused_naming_it(llama_dir, tmp_path, monkeypatch, field,
+                                                       changes):
+    """Refused naming the field and config.json before a tensor is built (transformers 5
+    refuses a float or string count itself, but in words that name no file)."""
+    import model
+
+    def built(*args, **kwargs):
+        raise AssertionError("a model was built from an impossible config")
+
+    monkeypatch.setattr(model.CausalLM, "__init__", built)
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(llama_dir, ckpt)
+    engine_args = {k: v for k, v in changes.items() if k in ("hf_overrides", "load_format")}
+    config = json.loads((ckpt / "config.json").read_text())
+    config.update((k, v) for k, v in changes.items() if k not in engine_args)
+    config = {k: v for k, v in config.items() if v != _ABSENT}
+    (ckpt / "config.json").write_text(json.dumps(config))
+    overridden = " with hf_overrides" if "hf_overrides" in engine_args else ""
+    with pytest.raises(ValueError, match=f"{field} is ") as err:
+        make_llm(ckpt, **engine_args)
+    assert f"checkpoint config {ckpt / 'config.json'}{overridden}: {field} is " in str(err.value)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from model import (CausalLM, ModelConfig, RotaryEmbedding, hf_from_pretrained, load_model, quantized,
+from model import (CausalLM, ModelConfig, RotaryEmbedding, load_model, quantized, read_hf_config,
                    resolve_dtype)
 
 
@@ -34,20 +34,21 @@ def load_checkpoint(path: Path, dtype, device: torch.device, hf_overrides=None,
         return load_model(path, dtype, device, trust_remote_code, quantization)
     hf_config = overridden_config(path, hf_overrides, trust_remote_code)
     torch_dtype = resolve_dtype(dtype, hf_config, device)
+    # Checked before the checkpoint's tensors load: an override can make a field impossible.
+    overridden = " with hf_overrides" if hf_overrides is not None else ""
+    cfg = ModelConfig.from_hf(hf_config, f"{Path(path) / 'config.json'}{overridden}")
     if load_format == "dummy":
-        model = dummy_model(ModelConfig.from_hf(hf_config), torch_dtype, device, seed)
+        model = dummy_model(cfg, torch_dtype, device, seed)
     else:
-        model = rebuild(load_model(path, dtype, device, trust_remote_code), ModelConfig.from_hf(hf_config))
+        model = rebuild(load_model(path, dtype, device, trust_remote_code), cfg)
     return quantized(model, quantization)
 
 
 def overridden_config(path: Path, hf_overrides, trust_remote_code: bool = False):
     """The checkpoint's Hugging Face config with ``hf_overrides`` applied."""
-    from transformers import AutoConfig
-
     if not (Path(path) / "config.json").is_file():
         raise FileNotFoundError(f"checkpoint directory {str(path)!r} has no config.json")
-    hf_config = hf_from_pretrained(AutoConfig, path, trust_remote_code, "the config")
+    hf_config = read_hf_config(Path(path), trust_remote_code)
     if callable(hf_overrides):
         hf_config = hf_overrides(hf_config)
     elif hf_overrides:
