@@ -715,9 +715,11 @@ def safetensors_files(path: Path) -> list[Path]:
 
 
 def _index_files(path: Path, index: Path) -> list[str]:
-    """The file names the index's weight_map gives, each checked to lie inside ``path`` (its
-    real location, symlinks followed) before any is opened: an index must not make the loader
-    read a file elsewhere (``../x``, an absolute path, a link out of the folder)."""
+    """The file names the index's weight_map gives, each checked to name a file of the folder
+    before any is opened: an index must not make the loader read a file elsewhere (``../x``, an
+    absolute path, a folder linked from elsewhere). The file itself may be a link, as the
+    Hugging Face cache lays out a snapshot (its files link to the cache's blobs): like a lone
+    ``model.safetensors``, it is the folder's own member."""
     try:
         data = json.loads(index.read_text())
     except ValueError as err:
@@ -732,8 +734,8 @@ def _index_files(path: Path, index: Path) -> list[str]:
         if not isinstance(file, str):
             raise ValueError(f"checkpoint index {index}: weight_map entry {name!r} -> {file!r}: "
                              f"the file name is not a string")
-        target = (root / file).resolve()
-        if not target.is_relative_to(root):
+        target = (root / file).parent.resolve() / Path(file).name  # folders resolved, not the file
+        if Path(file).is_absolute() or ".." in Path(file).parts or not target.is_relative_to(root):
             raise ValueError(f"checkpoint index {index}: weight_map entry {name!r} -> {file!r} "
                              f"names a file outside the checkpoint directory {root} (it is "
                              f"{target}); nothing outside it is read")
