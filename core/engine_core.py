@@ -55,6 +55,7 @@ class EngineCore:
         self.stream = OutputSink()     # where outputs go when a request names no sink
         self.steps = 0
         self.stepping = False
+        self._plan_running = False  # a step's plan is out: its forward runs, its commit is to come
         self._deferred_aborts: list[tuple] = []  # asked for from inside a step
 
     @classmethod
@@ -122,6 +123,7 @@ class EngineCore:
                 if self.scheduler.has_unfinished:
                     raise RuntimeError("scheduler made no progress although requests are pending")
                 return
+            self._plan_running = True
             with interrupts_allowed():  # the long part: a Ctrl-C here stops the step uncommitted
                 result = self.model_runner.run(plan.chunks, self.output_processor.state_of)
             if result is None:  # the weights changed during the forward: the next step re-prefills
@@ -131,7 +133,7 @@ class EngineCore:
             self.steps += 1
             self.output_processor.process(result)
         finally:
-            self.stepping = False
+            self.stepping = self._plan_running = False
             self.prefix_cache.forget_plan()
             self._apply_deferred_aborts()
 
@@ -235,9 +237,12 @@ class EngineCore:
         """Forget cached-and-free blocks; True if the cache is now empty (as vLLM's). With
         ``reset_running_requests``, running sequences are preempted first (they are re-prefilled).
         What the backend derived from the weights is derived again: after weights written where
-        no version counter sees it (``param.data``), this is the call that makes them seen."""
-        self.model_runner.backend.rederive()
+        no version counter sees it (``param.data``), this is the call that makes them seen. From a
+        hook while a step's forward runs, nothing is reset (False): that step's plan holds blocks."""
         with self.operation():
+            if self._plan_running:
+                return False
+            self.model_runner.backend.rederive()
             if reset_running_requests:
                 for seq in list(reversed(self.scheduler.running)):
                     self.scheduler.preempt(seq)

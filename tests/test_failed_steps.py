@@ -129,3 +129,18 @@ def test_a_weight_update_landing_mid_forward_is_never_cached(llama_dir, path):
     hook.handle.remove()
     assert hook.done and got == want
     assert llm.stats()["prefix_cache_hits"] == hits, "a hit on K/V of the old weights"
+
+
+def test_a_reset_asked_for_while_a_forward_runs_changes_nothing(llama_dir, reference):
+    """A hook calling reset_prefix_cache() mid-forward: the step's plan holds cached blocks, so
+    nothing is reset (False, as vLLM answers when it cannot); the step commits as planned."""
+    llm = make_llm(llama_dir, block_size=4, fast_paths=False)
+    tokens(llm, A)
+    answers = []
+    handle = llm.model.layers[0].register_forward_hook(
+        lambda *_: answers.append(llm.reset_prefix_cache()) if not answers else None)
+    got = tokens(llm, A + [5, 6, 7])
+    handle.remove()
+    assert answers == [False] and llm.stats()["prefix_cache_hits"] == 16
+    reference.compare(A + [5, 6, 7], got, 4)
+    assert llm.reset_prefix_cache()
