@@ -162,7 +162,7 @@ def shared_backend(model_dir: str, fast_paths: bool = True):
 def make_core(model_dir, fast_paths: bool = True, num_kv_blocks: int | None = None, **settings):
     """An ``EngineCore`` built from parts around the shared model (``settings``:
     ``EngineCore.build``'s); cheaper than an ``LLM``, which loads its own."""
-    from core.engine_core import EngineCore
+    from engine import EngineCore
 
     backend = shared_backend(str(model_dir), fast_paths)
     blocks = num_kv_blocks or TEST_POOL_TOKENS // settings.get("block_size", 16)

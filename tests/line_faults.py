@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TRACED = ({str(ROOT / f) for f in ("scheduler.py", "block_manager.py", "prefix_cache.py")}
+TRACED = ({str(ROOT / f) for f in ("scheduler.py", "block_manager.py", "prefix_cache.py", "engine.py")}
           | {str(p) for folder in ("core", "vllm_api") for p in (ROOT / folder).glob("*.py")})
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from block_manager import BlockManager
 from core.backend import Backend
-from core.engine_core import EngineCore
+from engine import EngineCore
 from helpers import add, drain, greedy, make_core, random_prompt, shared_backend
 from invariants import assert_idle, check_accounting
 from prefix_cache import PrefixCache

@@ -1,12 +1,13 @@
 """The tree's promises: three floors whose imports point one way, no import circles, no
 sys.path edits, the design card's files at the top.
 
-* the core (the design card's scheduler, block_manager, prefix_cache, model, and core/)
-  imports nothing above it;
+* the core (the design card's scheduler, block_manager, prefix_cache, model, engine -- the
+  loop -- and core/) imports nothing above it, but for one named lazy edge: engine.py's public
+  face resolves vLLM's names (vllm_api/public.py) in its module ``__getattr__``, at first use;
 * the fast layer (fast/) imports the core and itself;
 * the vLLM layer (vllm_api/) imports the core, the fast layer and itself;
-* engine.py (the public face) and the applications (run.py, bench.py, teaching/, exercises/,
-  track/, benchmarks/, tools/) may import any floor; no floor imports them.
+* the applications (run.py, bench.py, teaching/, exercises/, track/, benchmarks/, tools/) may
+  import any floor; no floor imports them.
 
 Imports are read with ``ast`` (module level and function level alike), so an arrow hidden in a
 function-local import counts too.
@@ -18,7 +19,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("core", "fast", "vllm_api", "teaching", "benchmarks", "exercises", "track", "tools")
-CORE_FILES = ("scheduler", "block_manager", "prefix_cache", "model")
+CORE_FILES = ("scheduler", "block_manager", "prefix_cache", "model", "engine")
+# The public face in engine.py: vLLM's names, imported inside its module __getattr__ when a script
+# first asks for one -- the one arrow up, lazy, and so no import circle at load time.
+LAZY_FACE = ("engine", {"vllm_api", "vllm_api.llm", "vllm_api.llm_engine", "vllm_api.public"})
 FLOOR_BELOW = {"core": {"core"}, "fast": {"core", "fast"}, "vllm": {"core", "fast", "vllm"}}
 
 
@@ -47,7 +51,7 @@ def imports_of(path: Path, known: set[str]) -> set[str]:
 
 
 def floor_of(module: str) -> str:
-    """core, fast, vllm, or app (engine.py and everything that only uses the engine)."""
+    """core, fast, vllm, or app (everything that only uses the engine)."""
     top = module.split(".")[0]
     if top in CORE_FILES or top == "core":
         return "core"
@@ -55,9 +59,24 @@ def floor_of(module: str) -> str:
 
 
 def import_graph() -> dict[str, set[str]]:
+    """Module -> the modules it imports, less the public face's lazy edge (``LAZY_FACE``)."""
     modules = project_modules()
     # A package's __init__ is not an edge target for its own members' imports of siblings.
-    return {name: imports_of(path, set(modules)) - {name} for name, path in modules.items()}
+    graph = {name: imports_of(path, set(modules)) - {name} for name, path in modules.items()}
+    graph[LAZY_FACE[0]] -= LAZY_FACE[1]
+    return graph
+
+
+def test_the_face_names_the_vllm_layer_only_lazily():
+    """engine.py imports vllm_api.public in one place, its module __getattr__, and nowhere else."""
+    tree = ast.parse((ROOT / "engine.py").read_text())
+    lazy = [fn for fn in tree.body if isinstance(fn, ast.FunctionDef) and fn.name == "__getattr__"]
+    inside = {id(n) for fn in lazy for n in ast.walk(fn)}
+    found = [(node.module or "", id(node) in inside) for node in ast.walk(tree)
+             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("vllm_api")]
+    found += [(a.name, False) for node in ast.walk(tree) if isinstance(node, ast.Import)
+              for a in node.names if a.name.startswith("vllm_api")]
+    assert found == [("vllm_api", True)], found
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -97,7 +116,7 @@ def test_floors_import_downward_only():
     graph = import_graph()
     floors = {floor_of(m) for m in graph}
     assert {"core", "fast", "vllm", "app"} <= floors, "the walk found every floor"
-    assert graph["engine"] >= {"core.engine_core", "vllm_api.llm"}, "the face names both floors"
+    assert graph["engine"] >= {"scheduler", "core.model_runner"}, "the engine is built from the core"
     assert upward_arrows(graph) == []
 
 
@@ -153,3 +172,18 @@ def test_no_module_global_switches_a_path():
                 offenders.append(f"{name}: global {', '.join(node.names)}")
     assert offenders == ["fast.cpu_threads: global _callers_threads",
                          "fast.cpu_threads: global _set_by_policy"]  # torch's thread count is per process
+
+
+def test_importing_the_engine_opens_no_json_and_loads_no_vllm_layer():
+    """The step loop is the engine; vLLM's surface (its names, its member tables) is loaded only
+    when a script asks for a vLLM name (a fresh interpreter, an audit hook on open)."""
+    import subprocess
+    import sys
+    code = ("import sys; opened = []\n"
+            "sys.addaudithook(lambda e, a: opened.append(a[0]) if e == 'open' and str(a[0]).endswith('.json') else None)\n"
+            "import engine\n"
+            "assert opened == [], opened\n"
+            "assert not [m for m in sys.modules if m.startswith('vllm_api')]\n"
+            "assert engine.EngineCore and engine.LLM.__name__ == 'LLM' and engine.__version__ == '0.32.0'\n")
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr

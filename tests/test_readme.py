@@ -67,7 +67,7 @@ def stated_total(text: str) -> int:
 
 PATHS = {"The chapter path (about 15 minutes)": ["scheduler.py"] + ["prefix_cache.py"] * 4,
          "The engine path (the second read)": ["scheduler.py", "block_manager.py", "prefix_cache.py",
-                                               "scheduler.py", "core/engine_core.py", "model.py"]}
+                                               "scheduler.py", "engine.py", "model.py"]}
 
 
 @pytest.mark.parametrize("title", PATHS)

@@ -499,7 +499,7 @@ def demo_backend():
 
 def real_generate(cls, strategy: str) -> dict:
     """Greedy tokens of the two rounds on an engine core built around ``cls``, and its counters."""
-    from core.engine_core import EngineCore
+    from engine import EngineCore
     from core.sampling_params import RequestOutputKind, SamplingParams
     from core.submit import Request
 

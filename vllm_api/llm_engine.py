@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from core.backend import Backend
-from core.engine_core import EngineCore
+from engine import EngineCore
 from core.outputs import RequestOutput
 from core.requests import OutputSink, RequestState
 from core.sampling_params import RequestOutputKind
