@@ -279,3 +279,14 @@ def test_int8_table_on_a_small_checkpoint(llama_dir):
     text = "\n".join(int8_bench.report(rates, bounds, [1], shape))
     assert all(f"| {row} | 1 |" in text for row in shape.rows) and "llama.cpp" not in text
     assert any("8-bit linears" in d for d in described if "int8" in d)
+
+
+def test_decode_split_accounts_for_the_step(llama_dir):
+    """The decode split's parts add up to the step (kernels, rest of the forward, outside)."""
+    from benchmarks.decode_split import measure
+    lines = measure(llama_dir, threads=1, steps=4, quantization=None)
+    assert lines[0].startswith("threads 1: read bandwidth") and "of the bound" in lines[1]
+    parts = [float(line.split(": ")[1].split(" ms")[0]) for line in lines[2:]]
+    step_ms = float(lines[1].split("median ")[1].split(" ms")[0])
+    assert any("outside the forward" in line for line in lines) and min(parts[-1], step_ms) > 0
+    assert abs(sum(parts) - step_ms) < 0.5 * step_ms  # mean vs median: the parts are of the mean
