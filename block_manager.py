@@ -180,16 +180,15 @@ class BlockManager:
         taken_from_free = sum(1 for block in reused if block.ref_count == 0)
         return num_new_blocks + taken_from_free <= self.num_free_blocks
 
-    def allocate(self, evict: Callable[[Block], None] = Block.forget_identity) -> Block:
-        """Pop the least recently used free block and take it. If it still carries a cached
-        identity, ``evict(block)`` drops it first (the prefix cache's entry goes with it)."""
+    def allocate(self) -> Block:
+        """Take the least recently used free block. One that is still cached must leave the
+        prefix cache first (``PrefixCache.evict``): the pool never reaches up into the cache."""
         block = self.free_queue.head
         if block is None:
             raise RuntimeError("no free KV block (the scheduler must check can_allocate first)")
         if block.block_hash is not None:
-            evict(block)
-        self.take(block)
-        return block
+            raise RuntimeError(f"KV block {block.block_id} is still cached: evict it from the prefix cache first")
+        return self.take(block)
 
     def take(self, block: Block) -> Block:
         """Take a free block that carries no identity (a reservation chose it): a new lifetime."""
@@ -198,14 +197,15 @@ class BlockManager:
         block.generation += 1
         return block
 
-    def share(self, block: Block) -> None:
-        """Add a reference to a cached block (taking it out of the free queue if idle)."""
+    def retain(self, block: Block) -> None:
+        """One more block table holds a cached block (taking it out of the free queue if idle)."""
         if block.in_free_queue:
             self.free_queue.remove(block)
         block.ref_count += 1
 
-    def free(self, block_ids: list[int]) -> None:
-        """Drop one reference per block, tail first, so a shared head survives eviction longest.
+    def release(self, block_ids: list[int]) -> None:
+        """One block table fewer holds each block (step14_6's ``release``), tail first, so a
+        shared head survives eviction longest.
 
         A block that keeps a hash goes to the back of the free queue (most recently used); one
         without goes to the front, since reusing it costs nothing.

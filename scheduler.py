@@ -303,7 +303,7 @@ class Scheduler:
             raise RuntimeError(f"plan out of date: {seq.request_id} is not first in the waiting queue")
         self.waiting.popleft()
         for block in match.blocks:
-            self.block_manager.share(block)
+            self.block_manager.retain(block)
         fresh = [self.block_manager.take(block) for block in admission.fresh]
         seq.block_table = [b.block_id for b in match.blocks + fresh]
         seq.num_computed_tokens = match.num_cached_tokens
@@ -321,8 +321,8 @@ class Scheduler:
     def _switch_to_twin(self, seq: Sequence, index: int, twin: Block) -> None:
         """An identical block was cached first (same prompt computed in the same step): share it
         and free ``seq``'s copy, so later blocks chain from one parent."""
-        self.block_manager.share(twin)
-        self.block_manager.free([seq.block_table[index]])
+        self.block_manager.retain(twin)
+        self.block_manager.release([seq.block_table[index]])
         seq.block_table[index] = twin.block_id
 
     # ------------------------------------------------------------------ leaving the running set
@@ -352,7 +352,7 @@ class Scheduler:
         seq.finish_reason = "abort"
 
     def _release(self, seq: Sequence) -> None:
-        self.block_manager.free(seq.block_table)
+        self.block_manager.release(seq.block_table)
         self.prefix_cache.release(seq)
         seq.block_table = []
         seq.num_computed_tokens = 0

@@ -55,7 +55,9 @@ def test_build_without_a_backend_is_the_plain_path(llama_dir):
     assert core.model_runner.kv_cache.k.shape[2] == 16 * 4
 
 
-def test_the_prefix_cache_rewires_nothing_and_eviction_is_passed_in():
+def test_the_pool_never_reaches_up_into_the_cache():
+    """The prefix cache rewires nothing of the pool; the pool calls nothing of the cache: a
+    cached-and-free block is evicted by the cache (the scheduler asks it), then taken."""
     blocks = BlockManager(num_blocks=2, block_size=4)
     before = dict((name, getattr(blocks, name)) for name in ("blocks", "free_queue", "block_size"))
     cache = PrefixCache(blocks)
@@ -65,13 +67,13 @@ def test_the_prefix_cache_rewires_nothing_and_eviction_is_passed_in():
     seq.block_table = [blocks.allocate().block_id for _ in range(2)]
     cache.cache_blocks(seq, 0, 8)                  # both full blocks saved
     assert cache.num_cached_blocks == 2
-    blocks.free(seq.block_table)
-    first = blocks.allocate(cache.evict)           # a cached-and-free block, reused
+    blocks.release(seq.block_table)
+    with pytest.raises(RuntimeError, match="still cached: evict it from the prefix cache first"):
+        blocks.allocate()
+    cache.evict(blocks.free_queue.head)
+    first = blocks.allocate()                      # the LRU block, its entry gone first
     assert first.block_hash is None and cache.num_cached_blocks == 1 and cache.num_evictions == 1
-    other = BlockManager(num_blocks=1, block_size=4)
-    other.blocks[0].set_identity(7, b"x" * 32, None, None)
-    other.allocate()                               # no cache given: the identity is just dropped
-    assert other.blocks[0].block_hash is None
+    assert first.ref_count == 1 and first.generation == 2
 
 
 def test_recording_ends_with_its_block_even_on_an_error():

@@ -145,7 +145,7 @@ def test_the_workload_covers_the_bookkeeping():
     _, per_step = run_clean()
     ran = {line for lines in per_step for line in lines}
     functions = _function_lines()
-    for name in ("_switch_to_twin", "preempt", "evict", "_is_in_flight", "finish", "share"):
+    for name in ("_switch_to_twin", "preempt", "evict", "_is_in_flight", "finish", "retain"):
         assert ran & functions[name], f"the workload never ran {name}"
 
 
@@ -224,7 +224,7 @@ def _function_lines() -> dict[str, set]:
     found = {}
     for module, names in ((scheduler.Scheduler, ("_switch_to_twin", "preempt", "finish")),
                           (prefix_cache.PrefixCache, ("evict", "_is_in_flight")),
-                          (block_manager.BlockManager, ("share",))):
+                          (block_manager.BlockManager, ("retain",))):
         for name in names:
             source, first = inspect.getsourcelines(getattr(module, name))
             file = inspect.getsourcefile(module).rsplit("/", 1)[-1]
