@@ -24,7 +24,9 @@ fills what is left of the token budget with prefill chunks (continuing ones firs
 admissions), so long prompts are split across steps and share forwards with decode tokens.
 Admission takes the cached prefix the prefix cache finds, or waits a step when another
 sequence is computing the block it needs next. When blocks run out it preempts the most
-recently admitted running sequence.
+recently admitted running sequence. With ``policy="priority"`` (vLLM's scheduling_policy) the
+waiting queue is kept in (priority, arrival) order -- lower priority values first -- and the
+sequence preempted is the running one last in that order; hashing is the same either way.
 
 A step is a plan, then a commit. ``schedule()`` plans: which tokens run, which waiting
 sequences are admitted with which cached and fresh blocks (``Reservation``), and it changes
@@ -60,9 +62,11 @@ class Sequence:
 
     _next_id = itertools.count()
 
+    _arrivals = itertools.count()
+
     def __init__(self, token_ids, max_tokens: int = 16, *, request_id: str | None = None,
                  cache_salt: str | None = None, root_hash: int = 0,
-                 reads_prefix_cache: bool = True) -> None:
+                 reads_prefix_cache: bool = True, priority: int = 0) -> None:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer)) or max_tokens < 1:
             raise TypeError(f"max_tokens must be an integer >= 1, got {max_tokens!r} (a Sequence "
                             f"keeps no sampling parameters: pass max_tokens=params.max_tokens)")
@@ -72,6 +76,9 @@ class Sequence:
         self._root_hash = root_hash
         self.max_tokens = int(max_tokens)
         self.reads_prefix_cache = reads_prefix_cache  # False: compute the whole prompt (prompt logprobs)
+        # scheduling_policy="priority": lower values first, then earlier arrivals (vLLM's order)
+        self.priority = int(priority)
+        self.arrival = next(Sequence._arrivals)
         prompt = np.asarray(token_ids, dtype=TOKEN_DTYPE).reshape(-1)
         if prompt.size == 0:
             raise ValueError("empty prompt: a request needs at least one token")
@@ -123,10 +130,18 @@ class Sequence:
                 f"computed={self.num_computed_tokens}, status={self.status.value})")
 
 
+POLICIES = ("fcfs", "priority")
+
+
 @dataclass
 class SchedulerConfig:
     max_num_seqs: int
     max_num_batched_tokens: int
+    policy: str = "fcfs"  # "priority": admission by (priority, arrival), that order's last preempted
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"scheduling policy must be one of {POLICIES}, got {self.policy!r}")
 
 
 @dataclass
@@ -196,8 +211,29 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
+    @property
+    def by_priority(self) -> bool:
+        return self.config.policy == "priority"
+
     def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+        if self.by_priority:
+            self._queue_in_order(seq)
+        else:
+            self.waiting.append(seq)
+
+    def _queue_in_order(self, seq: Sequence) -> None:
+        """Into the waiting queue at its (priority, arrival) place: admission takes the front."""
+        key = _priority_key(seq)
+        index = next((i for i, other in enumerate(self.waiting) if _priority_key(other) > key),
+                     len(self.waiting))
+        self.waiting.insert(index, seq)
+
+    def _victim(self) -> Sequence:
+        """Whom to preempt: the most recently admitted (fcfs), or the running sequence last in
+        (priority, arrival) order (priority), as vLLM's scheduler picks."""
+        if self.by_priority:
+            return max(self.running, key=_priority_key)
+        return self.running[-1]
 
     # ------------------------------------------------------------------ the plan
 
@@ -229,15 +265,15 @@ class Scheduler:
         return plan
 
     def _plan_decodes(self, plan: StepPlan, reservation: Reservation, budget: int) -> None:
-        i = 0
-        while i < len(self.running) and len(plan.chunks) < budget:
-            seq = self.running[i]
+        for seq in list(self.running):
+            if len(plan.chunks) >= budget:
+                break
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted while an earlier one was planned
             if seq.num_uncomputed_tokens == 1:
                 table = self._plan_slot(seq, plan, reservation)
-                if table is None:
-                    break  # seq itself was preempted; it was the last running one
-                plan.chunks.append(ScheduledChunk(seq, 1, seq.num_computed_tokens, table))
-            i += 1
+                if table is not None:  # None: seq itself was preempted
+                    plan.chunks.append(ScheduledChunk(seq, 1, seq.num_computed_tokens, table))
 
     def _plan_slot(self, seq: Sequence, plan: StepPlan, reservation: Reservation) -> list[int] | None:
         """The block table that covers the next token: the sequence's own, or its own plus a
@@ -245,7 +281,8 @@ class Scheduler:
         if len(seq.block_table) * self.block_size >= seq.num_tokens:
             return seq.block_table
         while reservation.num_free == 0:
-            victim = self.running[-1]
+            victim = self._victim()
+            self._unplan(victim, plan, reservation)
             self.preempt(victim)
             reservation.rewind()
             if victim is seq:
@@ -253,6 +290,15 @@ class Scheduler:
         block = self._reserve_fresh(reservation)
         plan.slots.append((seq, block))
         return seq.block_table + [block.block_id]
+
+    @staticmethod
+    def _unplan(seq: Sequence, plan: StepPlan, reservation: Reservation) -> None:
+        """Take an already planned decode of ``seq`` out of the plan (a priority victim may be
+        ahead of the sequence being planned), with the block it reserved."""
+        plan.chunks = [c for c in plan.chunks if c.seq is not seq]
+        for owner, block in [slot for slot in plan.slots if slot[0] is seq]:
+            plan.slots.remove((owner, block))
+            reservation.held.discard(block.block_id)
 
     def _plan_admission(self, seq: Sequence, reservation: Reservation) -> Admission | None:
         """Cached blocks and fresh ones for all of ``seq``'s tokens, or None (wait)."""
@@ -333,7 +379,10 @@ class Scheduler:
         self.running.remove(seq)
         self._release(seq)
         seq.status = SequenceStatus.WAITING
-        self.waiting.appendleft(seq)
+        if self.by_priority:
+            self._queue_in_order(seq)
+        else:
+            self.waiting.appendleft(seq)
         self.stats.preemptions += 1
 
     def finish(self, seq: Sequence, reason: str) -> None:
@@ -356,3 +405,7 @@ class Scheduler:
         self.prefix_cache.release(seq)
         seq.block_table = []
         seq.num_computed_tokens = 0
+
+
+def _priority_key(seq: Sequence) -> tuple[int, int]:
+    return seq.priority, seq.arrival
