@@ -154,7 +154,7 @@ class ProcessorAdapter:
         ``BatchUpdate``: removed, then added, then moved; None when nothing changed)."""
         present = {row: i for i, row in enumerate(rows)}
         removed = self._remove_absent(present)
-        added = self._add_new(rows)
+        added = self._add_new(rows, removed)
         moved = self._condense()
         for row in rows:
             self._sync_outputs(row)
@@ -183,13 +183,17 @@ class ProcessorAdapter:
                 self.outputs.pop(row, None)
         return removed
 
-    def _add_new(self, rows) -> list[tuple]:
+    def _add_new(self, rows, removed: list[int]) -> list[tuple]:
+        """New rows fill the holes first; a hole refilled is no longer reported removed (vLLM's
+        builder consumes it: the added entry replaces the state there)."""
         known = {row for row in self.slots if row is not None}
         added = []
         for row in rows:
             if row in known:
                 continue
             slot = self.slots.index(None) if None in self.slots else len(self.slots)
+            if slot in removed:
+                removed.remove(slot)
             if slot == len(self.slots):
                 self.slots.append(None)
             self.slots[slot] = row
