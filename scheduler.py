@@ -61,7 +61,6 @@ class Sequence:
     """One request: its tokens, its KV blocks and its chain of block hashes."""
 
     _next_id = itertools.count()
-
     _arrivals = itertools.count()
 
     def __init__(self, token_ids, max_tokens: int = 16, *, request_id: str | None = None,
@@ -76,9 +75,7 @@ class Sequence:
         self._root_hash = root_hash
         self.max_tokens = int(max_tokens)
         self.reads_prefix_cache = reads_prefix_cache  # False: compute the whole prompt (prompt logprobs)
-        # scheduling_policy="priority": lower values first, then earlier arrivals (vLLM's order)
-        self.priority = int(priority)
-        self.arrival = next(Sequence._arrivals)
+        self.priority, self.arrival = int(priority), next(Sequence._arrivals)  # policy "priority"
         prompt = np.asarray(token_ids, dtype=TOKEN_DTYPE).reshape(-1)
         if prompt.size == 0:
             raise ValueError("empty prompt: a request needs at least one token")
@@ -130,18 +127,11 @@ class Sequence:
                 f"computed={self.num_computed_tokens}, status={self.status.value})")
 
 
-POLICIES = ("fcfs", "priority")
-
-
 @dataclass
 class SchedulerConfig:
     max_num_seqs: int
     max_num_batched_tokens: int
-    policy: str = "fcfs"  # "priority": admission by (priority, arrival), that order's last preempted
-
-    def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
-            raise ValueError(f"scheduling policy must be one of {POLICIES}, got {self.policy!r}")
+    policy: str = "fcfs"  # or "priority": see the module's text
 
 
 @dataclass
@@ -211,29 +201,17 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    @property
-    def by_priority(self) -> bool:
-        return self.config.policy == "priority"
-
     def add(self, seq: Sequence) -> None:
-        if self.by_priority:
-            self._queue_in_order(seq)
-        else:
-            self.waiting.append(seq)
+        self._queue(seq)
 
-    def _queue_in_order(self, seq: Sequence) -> None:
-        """Into the waiting queue at its (priority, arrival) place: admission takes the front."""
-        key = _priority_key(seq)
-        index = next((i for i, other in enumerate(self.waiting) if _priority_key(other) > key),
-                     len(self.waiting))
-        self.waiting.insert(index, seq)
-
-    def _victim(self) -> Sequence:
-        """Whom to preempt: the most recently admitted (fcfs), or the running sequence last in
-        (priority, arrival) order (priority), as vLLM's scheduler picks."""
-        if self.by_priority:
-            return max(self.running, key=_priority_key)
-        return self.running[-1]
+    def _queue(self, seq: Sequence, front: bool = False) -> None:
+        """Wait in arrival order (a preempted sequence first), or under the "priority" policy
+        at its (priority, arrival) place, as vLLM orders its queue."""
+        if self.config.policy != "priority":
+            return self.waiting.appendleft(seq) if front else self.waiting.append(seq)
+        at = next((i for i, w in enumerate(self.waiting)
+                   if (w.priority, w.arrival) > (seq.priority, seq.arrival)), len(self.waiting))
+        self.waiting.insert(at, seq)
 
     # ------------------------------------------------------------------ the plan
 
@@ -281,7 +259,8 @@ class Scheduler:
         if len(seq.block_table) * self.block_size >= seq.num_tokens:
             return seq.block_table
         while reservation.num_free == 0:
-            victim = self._victim()
+            victim = (max(self.running, key=lambda s: (s.priority, s.arrival))
+                      if self.config.policy == "priority" else self.running[-1])
             self._unplan(victim, plan, reservation)
             self.preempt(victim)
             reservation.rewind()
@@ -293,12 +272,10 @@ class Scheduler:
 
     @staticmethod
     def _unplan(seq: Sequence, plan: StepPlan, reservation: Reservation) -> None:
-        """Take an already planned decode of ``seq`` out of the plan (a priority victim may be
-        ahead of the sequence being planned), with the block it reserved."""
+        """Drop a planned decode of ``seq`` and its block (a priority victim may be planned)."""
         plan.chunks = [c for c in plan.chunks if c.seq is not seq]
-        for owner, block in [slot for slot in plan.slots if slot[0] is seq]:
-            plan.slots.remove((owner, block))
-            reservation.held.discard(block.block_id)
+        reservation.held -= {block.block_id for owner, block in plan.slots if owner is seq}
+        plan.slots = [(owner, block) for owner, block in plan.slots if owner is not seq]
 
     def _plan_admission(self, seq: Sequence, reservation: Reservation) -> Admission | None:
         """Cached blocks and fresh ones for all of ``seq``'s tokens, or None (wait)."""
@@ -379,10 +356,7 @@ class Scheduler:
         self.running.remove(seq)
         self._release(seq)
         seq.status = SequenceStatus.WAITING
-        if self.by_priority:
-            self._queue_in_order(seq)
-        else:
-            self.waiting.appendleft(seq)
+        self._queue(seq, front=True)
         self.stats.preemptions += 1
 
     def finish(self, seq: Sequence, reason: str) -> None:
@@ -405,7 +379,3 @@ class Scheduler:
         self.prefix_cache.release(seq)
         seq.block_table = []
         seq.num_computed_tokens = 0
-
-
-def _priority_key(seq: Sequence) -> tuple[int, int]:
-    return seq.priority, seq.arrival

@@ -77,6 +77,9 @@ class EngineCore:
         class, or a subclass with its methods rewritten, as the build-it-yourself track's;
         ``scheduling_policy``: "fcfs" or "priority"; ``logits_processors``: batch processors
         the sampler runs, core/sampler.py)."""
+        if scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got "
+                             f"{scheduling_policy!r}")
         cfg, backend = model.config, backend or Backend(model)
         kv = KVCachePool(cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim,
                          model.dtype, model.device, zeros=backend.kv_zeros)
