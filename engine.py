@@ -47,6 +47,7 @@ from typing import Iterator
 
 from block_manager import BlockManager, KVCachePool
 from core.backend import Backend
+from core.grammar import GrammarCompiler
 from core.model_runner import ModelRunner
 from core.output_processor import OutputProcessor
 from core.outputs import RequestOutput
@@ -76,6 +77,9 @@ class EngineCore:
         self.stepping = False
         self._plan_running = False  # a step's plan is out: its forward runs, its commit is to come
         self._deferred_aborts: list[tuple] = []  # asked for from inside a step
+        # Structured outputs: constraints compile at submission, once each (core/grammar.py).
+        self.grammars = GrammarCompiler(output_processor.token_texts.tokenizer, limits.vocab_size,
+                                        output_processor.eos_token_ids)
 
     @classmethod
     def build(cls, model: CausalLM, num_blocks: int, *, block_size: int = 16,
@@ -85,10 +89,16 @@ class EngineCore:
               max_model_len: int | None = None, seed: int | None = 0,
               logprobs_mode: str = "raw_logprobs", max_logprobs: int = 20,
               hash_fn: HashFn | None = None,
-              prefix_cache_cls: type[PrefixCache] = PrefixCache) -> EngineCore:
+              prefix_cache_cls: type[PrefixCache] = PrefixCache,
+              scheduling_policy: str = "fcfs", logits_processors=()) -> EngineCore:
         """Every part, from the model and plain settings (``backend`` None: the plain path;
         ``hash_fn`` None: the chapter's xxh3_64 chain; ``prefix_cache_cls``: the chapter's
-        class, or a subclass with its methods rewritten, as the build-it-yourself track's)."""
+        class, or a subclass with its methods rewritten, as the build-it-yourself track's;
+        ``scheduling_policy``: "fcfs" or "priority"; ``logits_processors``: batch processors
+        the sampler runs, core/sampler.py)."""
+        if scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got "
+                             f"{scheduling_policy!r}")
         cfg, backend = model.config, backend or Backend(model)
         kv = KVCachePool(cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim,
                          model.dtype, model.device, zeros=backend.kv_zeros)
@@ -96,8 +106,10 @@ class EngineCore:
         cache = (prefix_cache_cls if enable_prefix_caching else NoPrefixCache)(block_manager, hash_strategy)
         if hash_fn is not None:
             cache.hash_fn = hash_fn
-        scheduler = Scheduler(SchedulerConfig(max_num_seqs, max_num_batched_tokens), block_manager, cache)
-        sampler = Sampler(model.device, seed, sorted(eos_token_ids), logprobs_mode=logprobs_mode)
+        scheduler = Scheduler(SchedulerConfig(max_num_seqs, max_num_batched_tokens,
+                                              scheduling_policy), block_manager, cache)
+        sampler = Sampler(model.device, seed, sorted(eos_token_ids), logprobs_mode=logprobs_mode,
+                          batch_processors=logits_processors)
         limits = Limits(cfg.vocab_size, max_model_len or cfg.max_position_embeddings, block_size,
                         num_blocks, max_logprobs)
         outputs = OutputProcessor(scheduler, tokenizer, set(eos_token_ids), limits.max_model_len)
@@ -179,7 +191,8 @@ class EngineCore:
         with self.operation():
             self._check_ids([r.request_id for r in requests])
             root_hash = self.prefix_cache.root_hash
-            states = [make_request(r, self.limits, self.tokenizer, root_hash, sink or self.stream)
+            states = [make_request(r, self.limits, self.tokenizer, root_hash, sink or self.stream,
+                                   self.grammars)
                       for r in requests]  # everything that may raise, before anything changes
             for state in states:
                 self.output_processor.add(state)

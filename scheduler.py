@@ -24,7 +24,9 @@ fills what is left of the token budget with prefill chunks (continuing ones firs
 admissions), so long prompts are split across steps and share forwards with decode tokens.
 Admission takes the cached prefix the prefix cache finds, or waits a step when another
 sequence is computing the block it needs next. When blocks run out it preempts the most
-recently admitted running sequence.
+recently admitted running sequence. With ``policy="priority"`` (vLLM's scheduling_policy) the
+waiting queue is kept in (priority, arrival) order -- lower priority values first -- and the
+sequence preempted is the running one last in that order; hashing is the same either way.
 
 A step is a plan, then a commit. ``schedule()`` plans: which tokens run, which waiting
 sequences are admitted with which cached and fresh blocks (``Reservation``), and it changes
@@ -59,10 +61,11 @@ class Sequence:
     """One request: its tokens, its KV blocks and its chain of block hashes."""
 
     _next_id = itertools.count()
+    _arrivals = itertools.count()
 
     def __init__(self, token_ids, max_tokens: int = 16, *, request_id: str | None = None,
                  cache_salt: str | None = None, root_hash: int = 0,
-                 reads_prefix_cache: bool = True) -> None:
+                 reads_prefix_cache: bool = True, priority: int = 0) -> None:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer)) or max_tokens < 1:
             raise TypeError(f"max_tokens must be an integer >= 1, got {max_tokens!r} (a Sequence "
                             f"keeps no sampling parameters: pass max_tokens=params.max_tokens)")
@@ -72,6 +75,7 @@ class Sequence:
         self._root_hash = root_hash
         self.max_tokens = int(max_tokens)
         self.reads_prefix_cache = reads_prefix_cache  # False: compute the whole prompt (prompt logprobs)
+        self.priority, self.arrival = int(priority), next(Sequence._arrivals)  # policy "priority"
         prompt = np.asarray(token_ids, dtype=TOKEN_DTYPE).reshape(-1)
         if prompt.size == 0:
             raise ValueError("empty prompt: a request needs at least one token")
@@ -127,6 +131,7 @@ class Sequence:
 class SchedulerConfig:
     max_num_seqs: int
     max_num_batched_tokens: int
+    policy: str = "fcfs"  # or "priority": see the module's text
 
 
 @dataclass
@@ -197,7 +202,16 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+        self._queue(seq)
+
+    def _queue(self, seq: Sequence, front: bool = False) -> None:
+        """Wait in arrival order (a preempted sequence first), or under the "priority" policy
+        at its (priority, arrival) place, as vLLM orders its queue."""
+        if self.config.policy != "priority":
+            return self.waiting.appendleft(seq) if front else self.waiting.append(seq)
+        at = next((i for i, w in enumerate(self.waiting)
+                   if (w.priority, w.arrival) > (seq.priority, seq.arrival)), len(self.waiting))
+        self.waiting.insert(at, seq)
 
     # ------------------------------------------------------------------ the plan
 
@@ -229,15 +243,15 @@ class Scheduler:
         return plan
 
     def _plan_decodes(self, plan: StepPlan, reservation: Reservation, budget: int) -> None:
-        i = 0
-        while i < len(self.running) and len(plan.chunks) < budget:
-            seq = self.running[i]
+        for seq in list(self.running):
+            if len(plan.chunks) >= budget:
+                break
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted while an earlier one was planned
             if seq.num_uncomputed_tokens == 1:
                 table = self._plan_slot(seq, plan, reservation)
-                if table is None:
-                    break  # seq itself was preempted; it was the last running one
-                plan.chunks.append(ScheduledChunk(seq, 1, seq.num_computed_tokens, table))
-            i += 1
+                if table is not None:  # None: seq itself was preempted
+                    plan.chunks.append(ScheduledChunk(seq, 1, seq.num_computed_tokens, table))
 
     def _plan_slot(self, seq: Sequence, plan: StepPlan, reservation: Reservation) -> list[int] | None:
         """The block table that covers the next token: the sequence's own, or its own plus a
@@ -245,7 +259,9 @@ class Scheduler:
         if len(seq.block_table) * self.block_size >= seq.num_tokens:
             return seq.block_table
         while reservation.num_free == 0:
-            victim = self.running[-1]
+            victim = (max(self.running, key=lambda s: (s.priority, s.arrival))
+                      if self.config.policy == "priority" else self.running[-1])
+            self._unplan(victim, plan, reservation)
             self.preempt(victim)
             reservation.rewind()
             if victim is seq:
@@ -253,6 +269,13 @@ class Scheduler:
         block = self._reserve_fresh(reservation)
         plan.slots.append((seq, block))
         return seq.block_table + [block.block_id]
+
+    @staticmethod
+    def _unplan(seq: Sequence, plan: StepPlan, reservation: Reservation) -> None:
+        """Drop a planned decode of ``seq`` and its block (a priority victim may be planned)."""
+        plan.chunks = [c for c in plan.chunks if c.seq is not seq]
+        reservation.held -= {block.block_id for owner, block in plan.slots if owner is seq}
+        plan.slots = [(owner, block) for owner, block in plan.slots if owner is not seq]
 
     def _plan_admission(self, seq: Sequence, reservation: Reservation) -> Admission | None:
         """Cached blocks and fresh ones for all of ``seq``'s tokens, or None (wait)."""
@@ -333,7 +356,7 @@ class Scheduler:
         self.running.remove(seq)
         self._release(seq)
         seq.status = SequenceStatus.WAITING
-        self.waiting.appendleft(seq)
+        self._queue(seq, front=True)
         self.stats.preemptions += 1
 
     def finish(self, seq: Sequence, reason: str) -> None:

@@ -5,7 +5,9 @@ The one home of finishing and outputs: ``finish_reason`` is set through the sche
 frees the blocks), timings and logprobs live on the records (requests.py), and every output
 goes to its request's ``OutputSink``. The processor owns the request table and the records.
 ``process`` runs inside a step's commit: a tokenizer that raises there finishes its own
-request with "error" and the rest goes on, so the commit is never left half done.
+request with "error" and the rest goes on, so the commit is never left half done. A
+constrained sequence's grammar matcher advances here with its accepted token (core/grammar.py):
+the commit is the only place it moves, so a step that fails before it moves none.
 """
 from __future__ import annotations
 
@@ -113,6 +115,8 @@ class OutputProcessor:
         return touched
 
     def _after_token(self, seq_state: SequenceState, token: int, logprobs) -> None:
+        if seq_state.grammar is not None:  # the matcher moves here, in the commit, and only here
+            seq_state.grammar.accept(token, seq_state.seq.request_id)
         texts = self.token_texts if seq_state.params.detokenize else NO_TEXTS
         seq_state.record_logprobs(logprobs, texts)
         reason = self._finish_reason(seq_state, token)

@@ -69,6 +69,7 @@ class SequenceState:
     finished_time: float | None = None
     sent_tokens: int = 0                   # for DELTA outputs: what the caller has already seen
     sent_chars: int = 0
+    grammar: object = None                 # a SequenceGrammar (core/grammar.py) when constrained
 
     @property
     def finished(self) -> bool:

@@ -1,9 +1,13 @@
 """Token sampling for one engine step, batched: vLLM's logits processors, then greedy or
 temperature / min-p / top-k / top-p sampling, and logprobs of the raw model distribution.
 
-Order, as in vLLM: allowed_token_ids -> bad_words and min_tokens bans -> logit_bias ->
-penalties (repetition over prompt + output, frequency and presence over the output) ->
-greedy argmax, or temperature -> min_p -> top-k / top-p -> sample. Every step works on the
+Order, as in vLLM: a structured-output row's grammar bitmask (core/grammar.py) ->
+allowed_token_ids -> bad_words and min_tokens bans -> logit_bias -> the batch processors that
+may change the argmax -> penalties (repetition over prompt + output, frequency and presence
+over the output) -> greedy argmax, or temperature -> the argmax-invariant batch processors ->
+min_p -> top-k / top-p -> sample. Batch processors (``batch_processors``: vLLM's custom
+logits processors, adapted by the vLLM layer) are told each step's rows (``update_batch``),
+then ``apply`` to the whole batch's logits; one that raises fails the step before its commit. Every step works on the
 whole batch at once (rows that need nothing are not touched), never looping over the
 vocabulary in Python. A greedy row nothing modifies is the argmax of the raw logits.
 
@@ -27,6 +31,7 @@ import numpy as np
 import torch
 import xxhash
 
+from core.grammar import apply_grammars
 from core.sampling_params import SamplingParams
 
 UINT64_MASK = (1 << 64) - 1
@@ -57,8 +62,9 @@ class Sampler:
     request's own ``stop_token_ids``) while a request is below its ``min_tokens``."""
 
     def __init__(self, device: torch.device, seed: int | None, eos_token_ids=(),
-                 logprobs_mode: str = "raw_logprobs") -> None:
+                 logprobs_mode: str = "raw_logprobs", batch_processors=()) -> None:
         self.device = device
+        self.batch_processors = list(batch_processors)
         self.logprobs_mode = logprobs_mode
         self.eos_token_ids = tuple(eos_token_ids)
         self.request_generator = torch.Generator(device=device)
@@ -72,15 +78,23 @@ class Sampler:
         """logits: float32 [B, V], one row per sequence (anything with ``sampling_params``,
         ``tokens``, ``num_prompt_tokens``, ``num_tokens``, ``num_output_tokens``)."""
         params = [s.sampling_params for s in seqs]
+        logits = apply_grammars(logits, seqs)  # structured outputs: before everything, as vLLM
+        for processor in self.batch_processors:
+            processor.update_batch(seqs)
         processed = self._apply_logits_processors(logits, seqs)
         greedy = processed.argmax(dim=-1)
+        scaled = None
         if all(p.greedy for p in params):
             tokens = greedy
         else:
+            scaled = self._scaled(processed, params, with_processors=True)
             tokens = torch.where(self._tensor([p.greedy for p in params], torch.bool),
-                                 greedy, self._sample(processed, seqs))
+                                 greedy, self._sample(scaled, seqs))
         token_list = tokens.tolist()
-        return SamplerOutput(token_list, self._logprobs(logits, processed, seqs, token_list))
+        return SamplerOutput(token_list, self._logprobs(logits, processed, scaled, seqs, token_list))
+
+    def _custom(self, argmax_invariant: bool) -> list:
+        return [p for p in self.batch_processors if p.is_argmax_invariant() == argmax_invariant]
 
     def _tensor(self, values, dtype) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype, device=self.device)
@@ -90,15 +104,17 @@ class Sampler:
     def _apply_logits_processors(self, logits: torch.Tensor, seqs) -> torch.Tensor:
         """A modified copy of ``logits`` (or ``logits`` itself when no row needs anything)."""
         params = [s.sampling_params for s in seqs]
-        bans = self._bans(seqs)
-        if not (bans or any(p.allowed_token_ids or p.logit_bias or p.uses_penalties
-                            for p in params)):
+        bans, custom = self._bans(seqs), self._custom(argmax_invariant=False)
+        if not (bans or custom or any(p.allowed_token_ids or p.logit_bias or p.uses_penalties
+                                      for p in params)):
             return logits
         out = self._keep_allowed(logits.clone(), params)
         if bans:
             rows, cols = zip(*bans)
             out[self._tensor(rows, torch.long), self._tensor(cols, torch.long)] = float("-inf")
         out = self._add_logit_bias(out, params)
+        for processor in custom:  # vLLM's custom processors that may change the argmax
+            out = processor.apply(out)
         out = self._apply_penalties(out, seqs)
         # A row with every token banned (e.g. allowed ids all masked by min_tokens) would
         # sample garbage from NaNs: it falls back to the raw logits.
@@ -175,11 +191,19 @@ class Sampler:
 
     # ------------------------------------------------------------------ random sampling
 
-    def _sample(self, logits: torch.Tensor, seqs) -> torch.Tensor:
-        params = [s.sampling_params for s in seqs]
+    def _scaled(self, logits: torch.Tensor, params, with_processors: bool) -> torch.Tensor:
+        """Temperature (1 for greedy rows), then the custom processors that keep the argmax
+        (vLLM applies those on the random path only), then min_p."""
         temperature = self._tensor([p.temperature if not p.greedy else 1.0 for p in params],
                                    torch.float32)
-        scaled = self._apply_min_p(logits / temperature[:, None], params)
+        scaled = logits / temperature[:, None]
+        for processor in self._custom(argmax_invariant=True) if with_processors else ():
+            scaled = processor.apply(scaled)
+        return self._apply_min_p(scaled, params)
+
+    def _sample(self, scaled: torch.Tensor, seqs) -> torch.Tensor:
+        """Draw from ``scaled`` (``_scaled``'s): top-k / top-p, then the exponential race."""
+        params = [s.sampling_params for s in seqs]
         probs = self._filtered_probs(scaled, params)
         return (probs / self._exponential_noise(seqs, probs.shape[-1])).argmax(dim=-1)
 
@@ -220,30 +244,32 @@ class Sampler:
 
     # ------------------------------------------------------------------ logprobs
 
-    def _logprobs(self, logits: torch.Tensor, processed: torch.Tensor, seqs, tokens: list[int]):
+    def _logprobs(self, logits: torch.Tensor, processed: torch.Tensor, scaled, seqs,
+                  tokens: list[int]):
         """Per row: TokenLogprobs per ``logprobs_mode``, or None where not requested."""
         wanted = [s.sampling_params.logprobs for s in seqs]
         if all(n is None for n in wanted):
             return None
         counts = [None if n is None else (logits.shape[-1] if n == -1 else n) for n in wanted]
-        return gather_logprobs(self._logprob_source(logits, processed, seqs),
+        return gather_logprobs(self._logprob_source(logits, processed, scaled, seqs),
                                self._tensor(tokens, torch.long), counts)
 
-    def _logprob_source(self, logits: torch.Tensor, processed: torch.Tensor, seqs) -> torch.Tensor:
+    def _logprob_source(self, logits: torch.Tensor, processed: torch.Tensor, scaled,
+                        seqs) -> torch.Tensor:
         """The [B, V] values logprobs report, per ``logprobs_mode``."""
         if self.logprobs_mode == "raw_logits":
             return logits
         if self.logprobs_mode == "raw_logprobs":
             return logits.log_softmax(dim=-1)
-        final = self._sampling_logits(processed, [s.sampling_params for s in seqs])
+        final = self._sampling_logits(processed, scaled, [s.sampling_params for s in seqs])
         return final if self.logprobs_mode == "processed_logits" else final.log_softmax(dim=-1)
 
-    def _sampling_logits(self, logits: torch.Tensor, params) -> torch.Tensor:
-        """The logits sampling draws from: temperature (1 for greedy rows), then min_p, top-k
-        and top-p as -inf masks (greedy rows have them off)."""
-        temperature = self._tensor([1.0 if p.greedy else p.temperature for p in params],
-                                   torch.float32)
-        scaled = self._apply_min_p(logits / temperature[:, None], params)
+    def _sampling_logits(self, logits: torch.Tensor, scaled, params) -> torch.Tensor:
+        """The logits sampling draws from: ``scaled`` (temperature, 1 for greedy rows, and
+        min_p; computed here when the step drew nothing at random), then top-k and top-p as
+        -inf masks (greedy rows have them off)."""
+        if scaled is None:
+            scaled = self._scaled(logits, params, with_processors=False)
         if all(p.top_k_or_none is None and p.top_p == 1.0 for p in params):
             return scaled
         return scaled.masked_fill(self._filtered_probs(scaled, params) == 0, float("-inf"))

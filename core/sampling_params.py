@@ -74,6 +74,9 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     skip_reading_prefix_cache: bool | None = None
+    # A constraint on the output (vLLM's StructuredOutputsParams: json, regex, choice, grammar
+    # or json_object), compiled at submission (core/grammar.py).
+    structured_outputs: object = None
     bad_words_token_ids: list[list[int]] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from core.detokenizer import IncrementalDetokenizer
+from core.grammar import GrammarCompiler, SequenceGrammar
 from core.requests import OutputSink, RequestState, SequenceState
 from core.errors import OutOfVocabularyError, ParameterError, PromptTooLongError
 from core.sampling_params import RequestOutputKind, SamplingParams
@@ -36,6 +37,7 @@ class Request:
     prompt: str | None = None         # the text, when it came as text
     cache_salt: str | None = None
     output_kind: RequestOutputKind | None = None  # None: the params' own
+    priority: int = 0                 # scheduling_policy="priority": lower runs first
 
 
 @dataclass
@@ -49,26 +51,42 @@ class Limits:
     max_logprobs: int = 20
 
 
-def make_request(request: Request, limits: Limits, tokenizer, root_hash, sink: OutputSink) -> RequestState:
+def make_request(request: Request, limits: Limits, tokenizer, root_hash, sink: OutputSink,
+                 grammars: GrammarCompiler | None = None) -> RequestState:
     """The records of one valid request, or a ValueError that names what is wrong.
-    ``root_hash(cache_salt)``: the seed of its chain (the prefix cache's)."""
+    ``root_hash(cache_salt)``: the seed of its chain (the prefix cache's). A constrained
+    request's grammar is compiled here, by ``grammars`` (once per constraint), and each of its
+    sequences gets its own matcher."""
     ids = check_prompt_ids(request.prompt_token_ids, limits.vocab_size)
     check_prompt_length(ids.size, limits.max_model_len)
     check_cache_salt(request.cache_salt)
     params = own_params(request.params, ids.size, limits, tokenizer)
     budget = check_fits(ids.size, params.max_tokens, limits)
+    compiled = compile_constraint(params, grammars)
     state = RequestState(request.request_id, request.prompt, ids.tolist(), params,
                          request.output_kind or params.output_kind, sink)
     root = root_hash(request.cache_salt)
     for index, child in enumerate(child_params(params)):
         label = request.request_id if params.n == 1 else f"{index}_{request.request_id}"
         seq = Sequence(ids, min(child.max_tokens, budget), request_id=label, cache_salt=request.cache_salt,
-                       root_hash=root, reads_prefix_cache=child.reads_prefix_cache)
+                       root_hash=root, reads_prefix_cache=child.reads_prefix_cache,
+                       priority=request.priority)
         detok = (IncrementalDetokenizer(tokenizer, child, ids[-DETOKENIZE_CONTEXT:])
                  if tokenizer is not None and child.detokenize else None)
         state.sequences.append(SequenceState(index, seq, state, child, detok,
-                                             [] if child.logprobs is not None else None))
+                                             [] if child.logprobs is not None else None,
+                                             grammar=None if compiled is None
+                                             else SequenceGrammar(compiled)))
     return state
+
+
+def compile_constraint(params: SamplingParams, grammars: GrammarCompiler | None):
+    """The compiled grammar of the request's ``structured_outputs`` (None: unconstrained)."""
+    if params.structured_outputs is None:
+        return None
+    if grammars is None:
+        raise ValueError("structured outputs need a grammar compiler (EngineCore builds one)")
+    return grammars.compile(params.structured_outputs)
 
 
 def check_prompt_ids(token_ids, vocab_size: int) -> np.ndarray:

@@ -127,7 +127,7 @@ def test_values_mutated_to_invalid_are_rejected_at_submission(llm, field, value,
     (dict(logit_bias={VOCAB_SIZE + 2: 1.0}), "logit_bias"),
     (dict(stop=["w5"]), "tokenizer"), (dict(bad_words=["w5"]), "tokenizer"),
     (dict(allowed_token_ids=[]), "allowed_token_ids is not None and empty"),
-    (dict(structured_outputs={"json": {}}), "structured outputs are not supported"),
+    (dict(structured_outputs={"json": {}}), "structured_outputs must be StructuredOutputsParams"),
     (dict(logprob_token_ids=[1]), "logprob_token_ids"),
 ])
 def test_vocab_bounded_values_are_checked_at_submission(llm, kw, pattern):

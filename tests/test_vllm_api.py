@@ -131,7 +131,7 @@ def test_request_options_this_engine_lacks_are_refused(llama_dir):
     llm = make_llm(llama_dir)
     with pytest.raises(ValueError, match="lora_request"):
         llm.generate([random_prompt(5, 1)], greedy(2), use_tqdm=False, lora_request=object())
-    with pytest.raises(ValueError, match="priority"):
+    with pytest.raises(ValueError, match="Got priority 1 but Priority scheduling is not enabled."):
         llm.generate([random_prompt(5, 1)], greedy(2), use_tqdm=False, priority=[1])
     with pytest.raises(TypeError, match="params must be BeamSearchParams"):
         llm.beam_search([random_prompt(5, 1)], None)
@@ -394,8 +394,8 @@ def test_chat_renders_the_template_and_generates(tokenizer_ckpt):
         make_llm(tokenizer_ckpt).chat(conversation, greedy(2), use_tqdm=False)
     (zero,) = llm.chat(conversation, greedy(2), use_tqdm=False, priority=[0])  # vLLM's default
     assert zero.outputs[0].token_ids == out.outputs[0].token_ids[:2]
-    with pytest.raises(UnsupportedFeatureError, match="request priorities"):
-        llm.chat(conversation, greedy(2), use_tqdm=False, priority=[1])
+    with pytest.raises(ValueError, match="Got priority 1 but Priority scheduling is not enabled."):
+        llm.chat(conversation, greedy(2), use_tqdm=False, priority=[1])  # vLLM's words
     assert_idle(llm)
 
 

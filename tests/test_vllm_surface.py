@@ -31,10 +31,10 @@ def test_every_public_name_imports_and_is_listed():
 
 
 @pytest.mark.parametrize("build,feature", [
-    (lambda: SamplingParams(structured_outputs=public.StructuredOutputsParams(regex="a+")),
-     "structured outputs are not supported"),
-    (lambda: SamplingParams(structured_outputs=public.GuidedDecodingParams(choice=["a"])),
-     "structured outputs are not supported"),
+    (lambda: SamplingParams(structured_outputs=public.StructuredOutputsParams(
+        structural_tag='{"type": "structural_tag"}')), "structural tags are not supported"),
+    (lambda: SamplingParams(structured_outputs=public.GuidedDecodingParams(
+        choice=["a"], whitespace_pattern=" ")), "whitespace_pattern is not supported"),
     (lambda: SamplingParams(repetition_detection=public.RepetitionDetectionParams(2, 1, 2)),
      "repetition_detection"),
     (lambda: public.PoolingParams(), "pooling is not supported"),
@@ -66,17 +66,18 @@ def test_reject_unsupported_names_lora_and_others():
     assert (lora.name, lora.adapter_id, lora.path) == ("adapter", 1, "/adapters/a")
     with pytest.raises(UnsupportedFeatureError, match="LoRA adapters are not supported"):
         reject_unsupported(lora_request=lora)
-    with pytest.raises(UnsupportedFeatureError, match="request priorities"):
-        reject_unsupported(priority=[0, 3])
     with pytest.raises(UnsupportedFeatureError, match="tokenization_kwargs"):
         reject_unsupported(tokenization_kwargs={"truncation": True})
-    reject_unsupported(lora_request=None, priority=[0, 0], tokenization_kwargs=None)
+    reject_unsupported(lora_request=None, tokenization_kwargs=None)
 
 
 def test_structured_outputs_params_take_exactly_one_constraint():
-    with pytest.raises(VLLMValidationError, match="exactly one constraint"):
+    """vLLM's texts (its tests match on them)."""
+    with pytest.raises(VLLMValidationError, match="You must use one kind of structured outputs "
+                                                  "constraint but none are specified"):
         public.StructuredOutputsParams()
-    with pytest.raises(VLLMValidationError, match="regex, choice"):
+    with pytest.raises(VLLMValidationError, match="You can only use one kind of structured "
+                                                  "outputs constraint but multiple are specified"):
         public.StructuredOutputsParams(regex="a", choice=["b"])
 
 

@@ -102,8 +102,7 @@ def test_a_function_merely_named_refuse_is_not_a_refusal(tmp_path):
 
 
 def test_methods_that_only_refuse_count_as_refused_and_servers_as_implemented():
-    for name in ("encode", "embed", "classify", "score", "enqueue", "enqueue_chat",
-                 "wait_for_completion", "update_weights", "start_weight_update",
+    for name in ("encode", "embed", "classify", "score", "update_weights", "start_weight_update",
                  "init_weight_transfer_engine"):
         assert status_of("LLM", name)[0] == "refused at use", name
     for name in ("add_lora", "remove_lora", "pin_lora", "get_weight_version"):
@@ -111,7 +110,8 @@ def test_methods_that_only_refuse_count_as_refused_and_servers_as_implemented():
     assert "pooling" in status_of("LLM", "encode")[1]
     # Served for some calls (sleep(level=0), a profile without a window): implemented.
     for cls, name in (("LLM", "sleep"), ("LLM", "start_profile"), ("LLM", "generate"),
-                      ("LLM", "chat"), ("LLMEngine", "add_request")):
+                      ("LLM", "chat"), ("LLMEngine", "add_request"), ("LLM", "enqueue"),
+                      ("LLM", "enqueue_chat"), ("LLM", "wait_for_completion")):
         assert status_of(cls, name) == ("implemented", ""), (cls, name)
 
 
@@ -151,7 +151,7 @@ def test_every_method_counted_refused_raises_naming_its_feature(objects):
             feature = why.split(": ")[0]
             assert feature in str(caught.value), (cls, name, feature, str(caught.value))
             checked.add(f"{cls}.{name}")
-    assert {"LLM.encode", "LLM.wait_for_completion", "LLM.update_weights", "LLMEngine.add_lora",
+    assert {"LLM.encode", "LLM.update_weights", "LLMEngine.add_lora",
             "AsyncLLM.update_weights", "SamplingParams.update_from_tokenizer"} <= checked
 
 
@@ -190,7 +190,7 @@ def test_llm_takes_every_vllm_constructor_parameter_by_name(llama_dir):
 
 def test_llm_constructor_parameters_it_cannot_serve_are_refused_by_name(llama_dir):
     refused = [n for n in init_params("LLM") if refused_for_some_value(n)]
-    assert len(refused) >= 20  # tensor_parallel_size, cpu_offload_gb, spec_*, ...
+    assert len(refused) >= 19  # tensor_parallel_size, cpu_offload_gb, spec_*, ... (not logits_processors)
     for name in refused:
         with pytest.raises(ValueError, match=f"^{name}="):
             LLM(llama_dir, **{name: "on, please"})

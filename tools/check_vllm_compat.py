@@ -246,17 +246,13 @@ def snippet_trl_rollout(api, llm, model):
     return result
 
 
-def snippet_structured_refused(api, llm, model):
-    """Outlines builds StructuredOutputsParams per call: an engine without a grammar backend
-    must refuse it naming the feature (vLLM serves it: shape only)."""
+def snippet_structured_choice(api, llm, model):
+    """Outlines builds StructuredOutputsParams per call: both engines constrain the output to
+    one of the choices (greedy: the same one)."""
     params = api.StructuredOutputsParams(choice=["w5", "w6"])
     sp = api.SamplingParams(temperature=0, max_tokens=4, structured_outputs=params)
-    try:
-        out = llm.generate(PROMPTS[:1], sp, use_tqdm=False)
-        return dict(shape=["served", len(out)])
-    except ValueError as exc:
-        assert "structured outputs" in str(exc), exc
-        return dict(shape=["served", 1])  # refused with the feature named: the expected answer
+    (out,) = llm.generate(PROMPTS[:1], sp, use_tqdm=False)
+    return dict(texts=[out.outputs[0].text], shape=[out.outputs[0].text in ("w5", "w6")])
 
 
 def snippet_outlines_struct_fields(api, llm, model):
@@ -332,7 +328,7 @@ def snippet_qwen_math_eval(api, llm, model):
 SNIPPETS = [snippet_basic, snippet_prompt_dicts, snippet_logprobs, snippet_n_samples,
             snippet_stop_strings, snippet_stop_token_ids, snippet_penalties, snippet_min_tokens,
             snippet_token_constraints, snippet_chat, snippet_defaults, snippet_prefix_cache,
-            snippet_llm_engine_loop, snippet_trl_rollout, snippet_structured_refused,
+            snippet_llm_engine_loop, snippet_trl_rollout, snippet_structured_choice,
             snippet_outlines_struct_fields, snippet_lm_eval_none_args, snippet_cli_defaults,
             snippet_metrics, snippet_lora_refused, snippet_nano_vllm_chat, snippet_qwen_math_eval]
 

@@ -20,7 +20,7 @@ import threading
 import weakref
 
 from vllm_api.member_refusals import ASYNC_REFUSED
-from vllm_api.errors import VLLMValidationError
+from vllm_api.errors import EngineDeadError, VLLMValidationError
 from vllm_api.intake import reject_unsupported
 from vllm_api.llm_engine import LLMEngine
 from vllm_api.llm_extras import check_sleep_level
@@ -61,15 +61,14 @@ class AsyncLLM:
                        priority: int = 0, data_parallel_rank: int | None = None,
                        **unsupported):
         """Stream one request's outputs; leaving early aborts it."""
-        reject_unsupported(lora_request, priority, tokenization_kwargs=tokenization_kwargs,
-                           **unsupported)
+        reject_unsupported(lora_request, tokenization_kwargs=tokenization_kwargs, **unsupported)
         check_data_parallel_rank(data_parallel_rank)
         self._check_alive()
         await self._wait_while_paused()
         queue: asyncio.Queue = asyncio.Queue()
         sink = self._steps.sink(asyncio.get_running_loop(), queue)
         state, = self.llm_engine.add_requests([(prompt, sampling_params)], sink=sink,
-                                              request_ids=[request_id])
+                                              request_ids=[request_id], priorities=[priority])
         self._steps.started(state.request_id, sink)
         try:
             while True:
@@ -173,16 +172,18 @@ class AsyncLLM:
 
     @property
     def errored(self) -> bool:
-        return self._steps.dead is not None
+        """A step has failed, or the stepping thread is gone (vLLM: dead, or not running)."""
+        return self._steps.dead is not None or not self._steps.thread.is_alive()
 
     @property
-    def dead_error(self) -> BaseException | None:
-        return self._steps.dead
+    def dead_error(self) -> BaseException:
+        """The ``EngineDeadError`` every caller gets (carrying the failed step's error)."""
+        return self._steps.dead or EngineDeadError()
 
     async def check_health(self) -> None:
-        """Raises ``EngineDeadError`` once a step has failed."""
-        if self._steps.dead is not None:
-            raise self._steps.dead
+        """Raises ``EngineDeadError`` while the engine is ``errored``, as vLLM's does."""
+        if self.errored:
+            raise self.dead_error
 
     # ------------------------------------------------------------------ the engine's parts
 

@@ -84,7 +84,8 @@ class BeamInstance:
 
 def check_supported(params: BeamSearchParams) -> None:
     if params.structured_outputs is not None:
-        refuse("structured outputs", "beam search with a grammar needs a grammar backend, "
-                                     "which this engine has not")
+        refuse("structured outputs with beam search", "LLM.beam_search extends each beam by "
+               "one generate() call a token, so a grammar would start over at every token; "
+               "use generate() with the constraint")
     if params.watermarking:
         refuse("watermarking", "not implemented")

@@ -22,6 +22,7 @@ from vllm_api.type_aliases import LogprobsMode
 # from after penalties, bias, temperature, min_p, top-k and top-p; as logprobs or logits.
 LOGPROBS_MODES = get_args(LogprobsMode)
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
+SCHEDULING_POLICIES = ("fcfs", "priority")  # vLLM's SchedulerPolicy
 NONE_IS_A_SETTING = {"seed"}  # fields whose None means something other than the default
 
 
@@ -57,6 +58,8 @@ class EngineConfig:
     load_format: str = "auto"               # "auto" / "safetensors": the weights; "dummy": random
     trust_remote_code: bool = False         # to every transformers call: False runs no checkpoint code
     quantization: str | None = None         # "int8": 8-bit weights quantized at load (model.py)
+    scheduling_policy: str = "fcfs"         # "priority": generate(..., priority=[...]) orders admission
+    logits_processors: object = None        # vLLM v1 LogitsProcessor classes (or their names)
 
     def __post_init__(self) -> None:
         self._fill_defaults_for_none()
@@ -97,6 +100,9 @@ class EngineConfig:
             raise ValueError(f"Unknown quantization method: {self.quantization}. Must be one of "
                              f"{list(QUANTIZATIONS)} (weights quantized at load from a float "
                              f"checkpoint; pre-quantized checkpoints are not read).")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"scheduling_policy must be one of {SCHEDULING_POLICIES}, got "
+                             f"{self.scheduling_policy!r}")
         if self.hf_overrides is not None and not (isinstance(self.hf_overrides, dict)
                                                   or callable(self.hf_overrides)):
             raise ValueError(f"hf_overrides must be a dict or a callable taking and returning "

@@ -84,7 +84,6 @@ NEUTRAL = {
     "tokenizer_mode": Neutral("the tokenizer loads with transformers' AutoTokenizer",
                               ("auto", "hf", "slow")),
     "kv_cache_dtype": Neutral("the KV cache has the model's dtype", ("auto",)),
-    "scheduling_policy": Neutral("requests are scheduled first come, first served", ("fcfs",)),
     "runner": Neutral("the engine generates text", ("auto", "generate")),
     "convert": Neutral("the engine generates text", ("auto", "none")),
     "model_impl": Neutral("the engine's own decoder is the only implementation",
@@ -94,10 +93,10 @@ NEUTRAL = {
     "max_cpu_loras": Neutral(LORA_OFF),
     "lora_dtype": Neutral(LORA_OFF),
     "fully_sharded_loras": Neutral(LORA_OFF),
-    "structured_outputs_config": Neutral("structured outputs are refused per request, so "
-                                         "their backend changes nothing"),
-    "guided_decoding_backend": Neutral("structured outputs are refused per request, so "
-                                       "their backend changes nothing"),
+    "structured_outputs_config": Neutral("structured outputs always use xgrammar (vLLM's "
+                                         "default backend)"),
+    "guided_decoding_backend": Neutral("structured outputs always use xgrammar (vLLM's "
+                                       "default backend)", (None, "auto", "xgrammar")),
     "reasoning_parser": Neutral("there is no server to parse reasoning for"),
     "enable_log_requests": Neutral("the engine logs no requests"),
     "disable_log_requests": Neutral("the engine logs no requests"),
@@ -128,7 +127,6 @@ UNSUPPORTED = {
     "cpu_offload_gb": Unsupported("weight offloading is not supported", (None, 0)),
     "enable_expert_parallel": Unsupported("mixture-of-experts models are not supported",
                                           (None, False)),
-    "logits_processors": Unsupported("custom logits processors are not supported"),
     "kv_transfer_config": Unsupported("KV transfer between engines is not supported"),
     "limit_mm_per_prompt": Unsupported("multimodal inputs are not supported"),
     "mm_processor_kwargs": Unsupported("multimodal inputs are not supported"),

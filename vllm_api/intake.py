@@ -7,7 +7,7 @@ Prompts take vLLM's forms: a string, a ``TextPrompt`` / ``TokensPrompt`` dict (`
 ``prompt_token_ids``, optionally ``cache_salt``), or (our extra) a list / array / tensor of ids.
 vLLM's other prompt kinds (``EmbedsPrompt``, encoder-decoder prompts, multimodal data) are
 importable and refused at submission naming the feature; so are request options this engine
-does not serve (``reject_unsupported``: LoRA, priorities, ...).
+does not serve (``reject_unsupported``: LoRA, ...).
 """
 from __future__ import annotations
 
@@ -158,17 +158,13 @@ def check_params_type(params) -> None:
         raise TypeError(f"sampling_params must be SamplingParams, got {type(params).__name__}")
 
 
-def reject_unsupported(lora_request=None, priority=None, **others) -> None:
+def reject_unsupported(lora_request=None, **others) -> None:
     """Refuse the per-request options of vLLM's ``generate`` / ``chat`` / ``add_request``
-    this engine does not serve, naming each: a LoRA adapter, a non-zero priority (one value
-    or a list), and any other option given a value (``others``: name -> value)."""
+    this engine does not serve, naming each: a LoRA adapter, and any other option given a
+    value (``others``: name -> value). Priorities are served (``LLMEngine.check_priority``)."""
     if _given(lora_request):
         refuse("LoRA adapters", f"lora_request={_describe(lora_request)}: the engine loads "
                                 f"base weights only (no adapters)")
-    priorities = priority if isinstance(priority, (list, tuple)) else [priority]
-    if any(p not in (None, 0) for p in priorities):
-        refuse("request priorities", "requests are served first come, first served (vLLM "
-                                     "too raises without scheduling_policy='priority')")
     for name, value in others.items():
         if _given(value):
             refuse(f"the {name} option", f"{name}={_describe(value)} has no counterpart "

@@ -81,14 +81,15 @@ class LLM(LLMExtras):
         input order. ``sampling_params``: one for all, a list (one per prompt), or None (the
         checkpoint's defaults, ``get_default_sampling_params()``). Safe to call from several
         threads at once: the calls share steps."""
-        reject_unsupported(lora_request, priority, **unsupported)
+        reject_unsupported(lora_request, **unsupported)
         self._check_awake()
         prompts = _as_prompt_list(prompts)
         requests = list(zip(prompts, _params_list(sampling_params, prompts)))
         caller = Caller()  # alive while this call is: its requests are dropped once it is gone
         sink = OutputSink(takes_aborted=True, owner=caller)
         try:
-            states = self.llm_engine.add_requests(requests, RequestOutputKind.FINAL_ONLY, sink)
+            states = self.llm_engine.add_requests(requests, RequestOutputKind.FINAL_ONLY, sink,
+                                                  priorities=_priority_list(priority, prompts))
             self._run(sink, len(states), use_tqdm)
         finally:  # on an error, leave nothing of this call behind (and touch nobody else's)
             self.llm_engine.engine_core.cancel(sink)
@@ -113,19 +114,78 @@ class LLM(LLMExtras):
                 bar.update(sink.num_finished - bar.n)
 
     def chat(self, messages, sampling_params=None, use_tqdm: bool = True, *, lora_request=None,
-             chat_template: str | None = None, add_generation_prompt: bool = True,
+             priority=None, chat_template: str | None = None, add_generation_prompt: bool = True,
              continue_final_message: bool = False, tools=None, chat_template_kwargs=None,
              **unsupported) -> list[RequestOutput]:
         """vLLM's ``chat``: one conversation (a list of {"role", "content"} dicts) or a list of
         them, rendered with the tokenizer's chat template (or ``chat_template``), generated."""
+        prompts = self._chat_prompts(messages, chat_template, add_generation_prompt,
+                                     continue_final_message, tools, chat_template_kwargs,
+                                     lora_request, unsupported)
+        return self.generate(prompts, sampling_params, use_tqdm, priority=priority)
+
+    def _chat_prompts(self, messages, chat_template, add_generation_prompt,
+                      continue_final_message, tools, chat_template_kwargs, lora_request,
+                      unsupported: dict) -> list[str]:
         unsupported.pop("chat_template_content_format", None)  # plain-text contents only
-        reject_unsupported(lora_request, **unsupported)  # priority, if given, among them
+        reject_unsupported(lora_request, **unsupported)
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         template = read_template(chat_template or self.config.chat_template)
-        prompts = [render_chat(self.tokenizer, c, template, add_generation_prompt,
-                               continue_final_message, tools, chat_template_kwargs or {})
-                   for c in conversations]
-        return self.generate(prompts, sampling_params, use_tqdm)
+        return [render_chat(self.tokenizer, c, template, add_generation_prompt,
+                            continue_final_message, tools, chat_template_kwargs or {})
+                for c in conversations]
+
+    # ------------------------------------------------------------------ queued, then waited for
+
+    def enqueue(self, prompts, sampling_params=None, lora_request=None, priority=None,
+                use_tqdm: bool = False, tokenization_kwargs=None,
+                mm_processor_kwargs=None) -> list[str]:
+        """vLLM's pre-queued path: queue the prompts without running them; returns their
+        request ids. ``wait_for_completion()`` runs them and returns their outputs."""
+        reject_unsupported(lora_request, tokenization_kwargs=tokenization_kwargs,
+                           mm_processor_kwargs=mm_processor_kwargs)
+        prompts = _as_prompt_list(prompts)
+        if sampling_params is None:
+            sampling_params = self.get_default_sampling_params()
+        requests = list(zip(prompts, _params_list(sampling_params, prompts)))
+        states = self.llm_engine.add_requests(requests, RequestOutputKind.FINAL_ONLY,
+                                              self._queued_sink(),
+                                              priorities=_priority_list(priority, prompts))
+        self._queued += [state.request_id for state in states]
+        return [state.request_id for state in states]
+
+    def enqueue_chat(self, messages, sampling_params=None, use_tqdm: bool = False,
+                     lora_request=None, priority=None, chat_template: str | None = None,
+                     chat_template_content_format="auto", add_generation_prompt: bool = True,
+                     continue_final_message: bool = False, tools=None,
+                     chat_template_kwargs=None, tokenization_kwargs=None,
+                     mm_processor_kwargs=None) -> list[str]:
+        """``enqueue`` for conversations, rendered as ``chat`` renders them."""
+        prompts = self._chat_prompts(messages, chat_template, add_generation_prompt,
+                                     continue_final_message, tools, chat_template_kwargs,
+                                     lora_request, dict(tokenization_kwargs=tokenization_kwargs,
+                                                        mm_processor_kwargs=mm_processor_kwargs))
+        return self.enqueue(prompts, sampling_params, priority=priority)
+
+    def wait_for_completion(self, *, use_tqdm: bool = True) -> list[RequestOutput]:
+        """Run every enqueued request to the end; their outputs, in the order they were
+        enqueued (vLLM's order: by request id)."""
+        self._check_awake()
+        sink, ids = self._queued_sink(), self._queued
+        try:
+            self._run(sink, len(ids), use_tqdm)
+        except BaseException:
+            self.llm_engine.engine_core.cancel(sink)  # as generate(): nothing left behind
+            self._queued, self._queued_outputs = [], None
+            raise
+        order = {rid: i for i, rid in enumerate(ids)}
+        self._queued, self._queued_outputs = [], None
+        return sorted(sink.drain(), key=lambda out: order[out.request_id])
+
+    def _queued_sink(self) -> OutputSink:
+        if getattr(self, "_queued_outputs", None) is None:
+            self._queued_outputs, self._queued = OutputSink(takes_aborted=True), []
+        return self._queued_outputs
 
     # ------------------------------------------------------------------ the request loop
 
@@ -181,6 +241,17 @@ def _params_list(sampling_params, prompts: list) -> list:
             raise ValueError(f"got {len(sampling_params)} sampling_params for {len(prompts)} prompts")
         return list(sampling_params)
     return [sampling_params] * len(prompts)
+
+
+def _priority_list(priority, prompts: list) -> list[int] | None:
+    """``generate``'s ``priority``: None, or one integer per prompt (vLLM's check)."""
+    if priority is None:
+        return None
+    if not isinstance(priority, (list, tuple)):
+        priority = [priority] * len(prompts)
+    if len(priority) != len(prompts):
+        raise ValueError("The lengths of prompts and priority must be the same.")
+    return list(priority)
 
 
 def _as_prompt_list(prompts) -> list:

@@ -32,12 +32,14 @@ from vllm_api.loading import load_checkpoint
 from vllm_api.kv_events import build_stream, start_publisher
 from vllm_api.block_hash import hash_fn_for
 from vllm_api.llm_extras import LLMExtras
+from vllm_api.logits_processors import build_processors, load_processor_classes, validate_params
 from vllm_api.member_refusals import ENGINE_REFUSED
 from vllm_api.model_config import ModelConfig
 from vllm_api.output_view import OutputProcessorView
 from vllm_api.refusals import refuses
 from vllm_api.sampling_params import SamplingParams
 from vllm_api.validation import in_vllms_words
+from vllm_api.vllm_config import VllmConfig
 from vllm_api.worker import worker_class
 
 SAMPLING_DEFAULT_KEYS = ("repetition_penalty", "presence_penalty", "frequency_penalty",
@@ -81,7 +83,10 @@ class LLMEngine(LLMExtras):
         self.generation_config = generation_config(self.model_path, self.config.generation_config,
                                                    self.config.override_generation_config)
         self.eos_token_ids = set(eos_token_ids(self.model_path, loaded.config))
+        self.logits_processor_classes = load_processor_classes(self.config.logits_processors)
         self.engine_core = self._build_core(loaded)
+        self.engine_core.model_runner.sampler.batch_processors = build_processors(
+            self.logits_processor_classes, self.processor_config, self.device)
         self.kv_events = build_stream(self.config.kv_events_config, self.prefix_cache,
                                       self.config.block_size, publisher)  # None unless enabled
         self._auto_ids = itertools.count()
@@ -98,7 +103,8 @@ class LLMEngine(LLMExtras):
             backend=self._backend(model), tokenizer=self.tokenizer,
             eos_token_ids=self.eos_token_ids, max_model_len=max_model_len, seed=cfg.seed,
             logprobs_mode=cfg.logprobs_mode, max_logprobs=cfg.max_logprobs,
-            hash_fn=hash_fn_for(cfg.prefix_caching_hash_algo))
+            hash_fn=hash_fn_for(cfg.prefix_caching_hash_algo),
+            scheduling_policy=cfg.scheduling_policy)
 
     def _backend(self, model) -> Backend:
         """The fast layer's backend and, on CPU, its process tuning; or the plain path."""
@@ -132,6 +138,20 @@ class LLMEngine(LLMExtras):
     def model_config(self) -> ModelConfig:
         """vLLM's ModelConfig view; the model's own config fields read through it too."""
         return ModelConfig(self)
+
+    @functools.cached_property
+    def processor_config(self) -> VllmConfig:
+        """What a custom logits processor is built with: vLLM's config sections it reads."""
+        cfg = self.config
+        return VllmConfig(
+            model_config=self.model_config,
+            scheduler_config=VllmConfig.section(max_num_seqs=cfg.max_num_seqs,
+                                                max_num_batched_tokens=cfg.max_num_batched_tokens,
+                                                policy=cfg.scheduling_policy,
+                                                max_model_len=self.max_model_len),
+            cache_config=VllmConfig.section(block_size=cfg.block_size,
+                                            enable_prefix_caching=cfg.enable_prefix_caching),
+            device_config=VllmConfig.section(device=self.device, device_type=self.device.type))
 
     @property
     def output_processor(self) -> OutputProcessorView:
@@ -188,29 +208,42 @@ class LLMEngine(LLMExtras):
                     arrival_time=None, lora_request=None, tokenization_kwargs=None,
                     trace_headers=None, priority: int = 0, **unsupported) -> str:
         """Queue one request (applied between steps); its outputs come from ``step()``."""
-        reject_unsupported(lora_request, priority, tokenization_kwargs=tokenization_kwargs,
-                           **unsupported)
+        reject_unsupported(lora_request, tokenization_kwargs=tokenization_kwargs, **unsupported)
         if request_id is not None and not isinstance(request_id, str):
             raise TypeError(f"request_id must be a string, got {type(request_id).__name__}")
-        state, = self.add_requests([(prompt, params)], request_ids=[request_id])
+        state, = self.add_requests([(prompt, params)], request_ids=[request_id],
+                                   priorities=[priority])
         return state.request_id
 
     def add_requests(self, requests: list, output_kind: RequestOutputKind | None = None,
-                     sink: OutputSink | None = None, request_ids=None) -> list[RequestState]:
+                     sink: OutputSink | None = None, request_ids=None,
+                     priorities=None) -> list[RequestState]:
         """Check every (prompt, params) first, then queue them all: one bad request queues
-        nothing. ``output_kind`` None: each request's own; ``sink`` None: ``step()``'s caller.
-        The core's errors come out in vLLM's words (validation.py)."""
+        nothing. ``output_kind`` None: each request's own; ``sink`` None: ``step()``'s caller;
+        ``priorities``: one per request (None: 0 each). The core's errors come out in vLLM's
+        words (validation.py)."""
+        priorities = list(priorities) if priorities is not None else [0] * len(requests)
         with in_vllms_words():
+            for priority in priorities:
+                self.check_priority(priority)
             parsed = [self._parse(prompt, params) for prompt, params in requests]
             with self.engine_core.operation():
                 ids = self._claim_ids(request_ids or [None] * len(requests))
                 return self.engine_core.add_requests(
-                    [Request(rid, p.token_ids, params, p.text, p.cache_salt, output_kind)
-                     for rid, (p, params) in zip(ids, parsed)], sink)
+                    [Request(rid, p.token_ids, params, p.text, p.cache_salt, output_kind, priority)
+                     for rid, (p, params), priority in zip(ids, parsed, priorities)], sink)
+
+    def check_priority(self, priority) -> None:
+        """An integer; other than 0 only under scheduling_policy="priority" (vLLM's words)."""
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise TypeError(f"priority must be an int, got {type(priority).__name__}")
+        if priority != 0 and self.config.scheduling_policy != "priority":
+            raise ValueError(f"Got priority {priority} but Priority scheduling is not enabled.")
 
     def _parse(self, prompt, params):
         params = params if params is not None else self.get_default_sampling_params()
         check_params_type(params)
+        validate_params(self.logits_processor_classes, params)
         return parse_prompt(prompt, self.tokenizer, self.model_config.vocab_size), params
 
     def _claim_ids(self, wanted: list[str | None]) -> list[str]:

@@ -174,12 +174,6 @@ class LLMExtras:
      init_weight_transfer_engine, shutdown_weight_transfer_engine, release_kv_cache_memory,
      update_weight_version, get_weight_version, set_weight_version) = (update_weights,) * 9
 
-    def enqueue(self, *args, **kwargs):
-        refuse("the enqueue / wait_for_completion API", "use generate(), or LLMEngine's "
-                                                        "add_request() and step()")
-
-    enqueue_chat = wait_for_completion = enqueue
-
     def reward(self, *args, **kwargs):
         refuse("pooling", "reward models are pooling models; the engine runs generative "
                           "models only")

@@ -71,6 +71,7 @@ from vllm_api.sampling_params import (
     SamplingType,
 )
 from vllm_api.structured import GuidedDecodingParams, StructuredOutputsParams
+from vllm_api.tokenizers import get_tokenizer
 from vllm_api.type_aliases import (
     ConvertOption,
     ExternalBlockHash,
@@ -140,4 +141,6 @@ __all__ = [
     "EngineDeadError", "EngineGenerateError",
     # vllm.v1.sample.logits_processor (process_dict_updates: its .builtin)
     "BatchUpdate", "LogitsProcessor", "MoveDirectionality", "process_dict_updates",
+    # vllm (lazily), vllm.tokenizers, vllm.transformers_utils.tokenizer
+    "get_tokenizer",
 ]

@@ -5,7 +5,8 @@ Those fields construct at any value and are refused when the parameters are used
 at submission), as vLLM checks them there too, with a message that names the feature. The
 core's checks run ``in_vllms_words()`` (validation.py): their errors are
 ``VLLMValidationError``s with vLLM's messages.
-``extra_args``, ``skip_clone`` and ``stream_interval`` are carried and change nothing.
+``extra_args`` is carried (custom logits processors read it); ``skip_clone`` and
+``stream_interval`` are carried and change nothing.
 """
 from __future__ import annotations
 
@@ -20,14 +21,13 @@ from core.sampling_params import as_int, check_bool, require
 from vllm_api.errors import VLLMValidationError, refuse
 from vllm_api.member_refusals import SAMPLING_REFUSED
 from vllm_api.refusals import refuses
+from vllm_api.structured import check_structured
 from vllm_api.validation import in_vllms_words
 
 __all__ = ["SamplingParams", "SamplingType", "RequestOutputKind", "RepetitionDetectionParams"]
 
 # vLLM fields this engine does not implement: accepted only at their default, else a clear error.
 UNSUPPORTED_FIELDS = {
-    "structured_outputs": "structured outputs (guided decoding) need a grammar backend, "
-                          "which this engine has not",
     "logprob_token_ids": "logprobs of chosen token ids are not implemented; use logprobs=N",
     "prompt_logprob_token_ids": "use prompt_logprobs=N",
     "prompt_logprob_start": "use prompt_logprobs=N",
@@ -40,8 +40,8 @@ UNSUPPORTED_FIELDS = {
 }
 # Unsupported fields whose "off" value is neither None nor False (vLLM's defaults).
 OFF_VALUES = {"routed_experts_prompt_start": 0}
-# The feature each unsupported field stands for, as its refusal names it.
-UNSUPPORTED_FEATURES = {"structured_outputs": "structured outputs"}
+# The feature each unsupported field stands for, as its refusal names it (else its name).
+UNSUPPORTED_FEATURES: dict[str, str] = {}
 
 
 class SamplingType(enum.IntEnum):
@@ -65,10 +65,9 @@ class RepetitionDetectionParams:
 class SamplingParams(CoreSamplingParams):
     """vLLM's sampling parameters; see core/sampling_params.py for when they are checked."""
 
-    extra_args: dict[str, Any] | None = None  # carried along; no custom logits processors here
+    extra_args: dict[str, Any] | None = None  # carried along; custom logits processors read it
     skip_clone: bool = False
     stream_interval: int | None = None
-    structured_outputs: Any = None
     logprob_token_ids: list[int] | None = None
     prompt_logprob_token_ids: Any = None
     prompt_logprob_start: int | None = None
@@ -164,6 +163,8 @@ class SamplingParams(CoreSamplingParams):
                                  parameter="extra_args", value=self.extra_args)
 
     def _refuse_unsupported(self) -> None:
+        if self.structured_outputs is not None:
+            check_structured(self.structured_outputs)
         for name, reason in UNSUPPORTED_FIELDS.items():
             value = getattr(self, name)
             if value is not None and value is not False and value != OFF_VALUES.get(name):

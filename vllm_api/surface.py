@@ -28,7 +28,7 @@ NEUTRAL = {
     "STREAM_FINISHED": "sentinel; AsyncLLM ends its stream by returning",
     "CUDAGraphMode": "always eager", "CompilationConfig": "always eager",
     "CompilationMode": "always eager",
-    "StructuredOutputsConfig": "structured outputs are refused per request",
+    "StructuredOutputsConfig": "structured outputs always use xgrammar (vLLM's default backend)",
     "EngineGenerateError": "exists for except clauses; a request fails here with its own error",
 }
 
@@ -40,13 +40,11 @@ REFUSED = {
     "ModelRegistry": "built-in architectures only (get_supported_archs works)",
     "initialize_ray_cluster": "one process, one device",
     "RepetitionDetectionParams": "repetition detection not implemented",
-    "StructuredOutputsParams": "no grammar backend; refused in SamplingParams.verify at submission",
     "DataPrompt": "no custom input processor", "EmbedsInput": "prompt embeddings",
     "EmbedsPrompt": "prompt embeddings", "ExplicitEncoderDecoderPrompt": "decoder-only models",
     "LoRARequest": "constructs; lora_request=... is refused at submission",
     "KVTransferConfig": "KV transfer", "SpeculativeConfig": "speculative decoding",
     "VllmConfig": "constructs; from_vllm_config is refused (pass engine arguments)",
-    "LogitsProcessor": "subclasses define; logits_processors=[...] is refused at start-up",
 }
 
 NOT_PROVIDED = {

@@ -41,6 +41,12 @@ VLLM_TEXTS = {
     ("allowed_token_ids", "empty"): "allowed_token_ids is not None and empty! (no token could "
                                     "ever be sampled)",
     ("prompt_token_ids", "empty"): "The decoder prompt cannot be empty",
+    # structured outputs (core/grammar.py compiles them at submission): vLLM's xgrammar checks
+    ("structured_outputs", "json_syntax"): "Invalid JSON grammar specification.",
+    ("structured_outputs", "json"): "Failed to transform json schema into a grammar: {value}",
+    ("structured_outputs", "regex"): "Failed to transform regex into a grammar: {value}",
+    ("structured_outputs", "choice"): "Failed to transform choices into a grammar: {value}",
+    ("structured_outputs", "grammar"): "Invalid grammar specification.",
 }
 
 

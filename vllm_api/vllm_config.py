@@ -3,7 +3,7 @@
 Each holds the options it was given and means what the engine argument it is passed as
 means (engine_args.py): ``CompilationConfig`` / ``CompilationMode`` / ``CUDAGraphMode`` are
 neutral (the engine is always eager), ``StructuredOutputsConfig`` is neutral (structured
-outputs are refused per request), ``SpeculativeConfig``, ``KVTransferConfig`` and
+outputs always use xgrammar), ``SpeculativeConfig``, ``KVTransferConfig`` and
 ``PoolerConfig`` are refused at start-up with the reason, ``ProfilerConfig`` sets where
 ``LLM.start_profile`` writes its trace. ``VllmConfig`` constructs; building an engine from
 it (``from_vllm_config``) is refused: pass engine arguments.
@@ -51,7 +51,7 @@ class CompilationConfig(_Options):
 
 
 class StructuredOutputsConfig(_Options):
-    """Neutral here: structured outputs are refused per request."""
+    """Neutral here: structured outputs always use xgrammar, vLLM's default backend."""
 
 
 class SpeculativeConfig(_Options):
@@ -68,7 +68,14 @@ class PoolerConfig(_Options):
 
 class VllmConfig(_Options):
     """vLLM's whole-engine config: constructs; ``from_vllm_config`` refuses it (engine
-    arguments build this engine)."""
+    arguments build this engine). The engine builds one for custom logits processors, with
+    the sections they read (``model_config``, ``scheduler_config``, ``cache_config``,
+    ``device_config``)."""
+
+    @staticmethod
+    def section(**options) -> _Options:
+        """One section of the config (``scheduler_config``, ...), its fields as attributes."""
+        return _Options(**options)
 
 
 class ProfilerConfig(_Options):
