@@ -81,6 +81,7 @@ class ChainEvent:
     parent_hash: int | None = None
     block_id: int | None = None
     source: HashSource | None = None
+    reason: str | None = None  # "miss": why that block is not served (section 7)
 
 
 @dataclass
@@ -92,11 +93,12 @@ class PrefixMatch:
     chain: list[int]        # hash of every full block the sequence has (to mark what it computes)
     next_in_flight: bool    # another running sequence is computing the block it needs next
     queried: int = 0        # tokens looked up (0 when the cache was not read)
+    stop_reason: str | None = None  # why no more of the prompt is served (section 7)
 
     @classmethod
-    def nothing(cls, queried: int = 0) -> PrefixMatch:
+    def nothing(cls, queried: int = 0, reason: str | None = None) -> PrefixMatch:
         """No cached prefix, nothing to mark."""
-        return cls([], 0, [], False, queried)
+        return cls([], 0, [], False, queried, reason)
 
 
 class PrefixCache:
@@ -112,6 +114,7 @@ class PrefixCache:
         self._in_flight: dict[int, Sequence] = {}      # hash -> sequence computing it
         self._planned: dict[int, Sequence] = {}        # the same, for this step's admissions
         self._ahead: dict[tuple[bytes, int], int] = {}  # hash_fn results a commit will ask for
+        self._gone: dict[int, str] = {}  # recently evicted or reset hashes -> how (section 7)
         self._computing: dict[Sequence, list[int]] = {}  # sequence -> hashes it marked (never edited in place)
         self.hash_computations = 0
         self.num_evictions = 0
@@ -129,7 +132,8 @@ class PrefixCache:
         """The longest cached prefix of ``seq`` (vLLM: ``get_computed_blocks``). A sequence
         that must compute its whole prompt (prompt logprobs) reads nothing, but is counted."""
         if not seq.reads_prefix_cache:
-            return PrefixMatch.nothing(queried=seq.num_tokens)
+            return PrefixMatch.nothing(seq.num_tokens, "this request reads no cache (prompt_logprobs: "
+                                                       "every prompt token is computed)")
         return self._lookup_prefix_cache(seq)
 
     def cache_blocks(self, seq: Sequence, start: int, end: int) -> list[tuple[int, Block]]:
@@ -232,16 +236,18 @@ class PrefixCache:
         """
         chain = self._chain_for_lookup(seq)
         max_blocks = min((seq.num_tokens - 1) // self.block_size, len(chain))
-        blocks: list[Block] = []
+        blocks, missed = [], None  # the cached blocks served; why the scan stopped, if it missed
         while len(blocks) < max_blocks:
             block = self._prefix_cache.get(chain[len(blocks)])
             if block is None or not self._holds(block, seq, len(blocks), blocks):
-                self._trace("miss", seq, len(blocks), chain[len(blocks)])
+                missed = self._miss_reason(block, seq, len(blocks), chain[len(blocks)])
+                self._trace("miss", seq, len(blocks), chain[len(blocks)], reason=missed)
                 break
             self._trace("hit", seq, len(blocks), block.block_hash, block_id=block.block_id)
             blocks.append(block)
         next_in_flight = len(blocks) < max_blocks and self._is_in_flight(seq, len(blocks), chain)
-        return PrefixMatch(blocks, len(blocks) * self.block_size, chain, next_in_flight, seq.num_tokens)
+        why = self._stop_reason(seq, len(blocks), missed, next_in_flight)
+        return PrefixMatch(blocks, len(blocks) * self.block_size, chain, next_in_flight, seq.num_tokens, why)
 
     def _holds(self, block: Block, seq: Sequence, index: int, parents: list[Block]) -> bool:
         """True if cached ``block`` holds exactly ``seq``'s block ``index`` after ``parents``."""
@@ -332,6 +338,7 @@ class PrefixCache:
         self._in_flight.pop(h, None)
         existing = self._prefix_cache.get(h)
         if existing is None:
+            self._gone.pop(h, None)
             block.set_identity(h, seq.block_bytes(index, self.block_size),
                                parent.lifetime if parent else None, seq.cache_salt)
             self._prefix_cache[h] = block
@@ -348,6 +355,7 @@ class PrefixCache:
         """A free block that still carried a hash is being reused: its entry leaves the map."""
         if self._prefix_cache.get(block.block_hash) is block:
             del self._prefix_cache[block.block_hash]
+            self._note_gone(block.block_hash, "evicted (its block was reused)")
         self._trace("evict", None, None, block.block_hash, block_id=block.block_id)
         block.forget_identity()
         self.num_evictions += 1
@@ -358,6 +366,7 @@ class PrefixCache:
         for h, block in list(self._prefix_cache.items()):
             if block.ref_count == 0:
                 del self._prefix_cache[h]
+                self._note_gone(h, "dropped by reset_prefix_cache()")
                 self._trace("forget", None, None, h, block_id=block.block_id)
                 block.forget_identity()
         if not self._prefix_cache:
@@ -372,6 +381,40 @@ class PrefixCache:
     @property
     def num_cached_blocks(self) -> int:
         return len(self._prefix_cache)
+
+    # ------------------------------------------------------------------ 7. why a lookup stops
+    # Every lookup says why it served no more than it did: on its "miss" event, on the match,
+    # and (through the engine) in the request's output beside num_cached_tokens.
+
+    def _miss_reason(self, entry: Block | None, seq: Sequence, index: int, block_hash: int) -> str:
+        """Why block ``index`` of ``seq`` is not served: its hash has no entry (never cached,
+        or gone: how), or the entry holds another salt, other tokens (a collision), another parent."""
+        if entry is None:
+            gone = self._gone.get(block_hash)
+            return f"block {index}: no entry for its hash ({gone or 'never cached'})"
+        if entry.salt != seq.cache_salt:
+            return f"block {index}: the entry was cached under another cache_salt"
+        if entry.token_bytes != seq.block_bytes(index, self.block_size):
+            return f"block {index}: the entry holds other tokens (a hash collision)"
+        return f"block {index}: the entry follows another parent block"
+
+    def _stop_reason(self, seq: Sequence, served: int, missed: str | None, waits: bool) -> str:
+        """Why the lookup served ``served`` blocks and no more."""
+        bs, n = self.block_size, seq.num_tokens
+        if waits:
+            return f"block {served} is being computed by another request: this one waits a step"
+        if missed is not None:
+            return missed
+        if n < bs:
+            return f"the prompt ({n} tokens) is shorter than a block ({bs}): nothing to cache"
+        if n % bs == 0 and served == n // bs - 1:
+            return f"block {served} holds the last token, never served (its logits are needed)"
+        return f"the last {n - served * bs} tokens are not a full block"
+
+    def _note_gone(self, block_hash: int, how: str) -> None:
+        self._gone[block_hash] = how
+        if len(self._gone) > 4 * self.block_manager.num_blocks:  # a bounded memory of it
+            del self._gone[next(iter(self._gone))]
 
     # ------------------------------------------------------------------ watching it work
 
@@ -393,10 +436,10 @@ class PrefixCache:
 
     def _trace(self, kind: str, seq: Sequence | None, index: int | None, block_hash: int | None,
                parent_hash: int | None = None, block_id: int | None = None,
-               source: HashSource | None = None) -> None:
+               source: HashSource | None = None, reason: str | None = None) -> None:
         if self._listeners:
             event = ChainEvent(kind, seq.request_id if seq else None, index, block_hash,
-                               parent_hash, block_id, source)
+                               parent_hash, block_id, source, reason)
             for listener in list(self._listeners):
                 listener(event)
 
@@ -414,7 +457,7 @@ class NoPrefixCache(PrefixCache):
     enabled = False
 
     def lookup(self, seq: Sequence) -> PrefixMatch:
-        return PrefixMatch.nothing()
+        return PrefixMatch.nothing(reason="prefix caching is off")
 
     def cache_blocks(self, seq: Sequence, start: int, end: int) -> list[tuple[int, Block]]:
         return []

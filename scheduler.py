@@ -60,8 +60,7 @@ class SequenceStatus(enum.Enum):
 class Sequence:
     """One request: its tokens, its KV blocks and its chain of block hashes."""
 
-    _next_id = itertools.count()
-    _arrivals = itertools.count()
+    _next_id, _arrivals = itertools.count(), itertools.count()  # ids; arrival order (priority)
 
     def __init__(self, token_ids, max_tokens: int = 16, *, request_id: str | None = None,
                  cache_salt: str | None = None, root_hash: int = 0,
