@@ -40,6 +40,7 @@ class BlockTrace:
     lookups: list[str] = field(default_factory=list)  # "hit", "miss", "wait", one per lookup probe
     saved: str = ""                                   # "saved" or "twin" (an identical block was cached)
     block_id: int | None = None                       # where it was saved, or what served the hit
+    miss_reason: str | None = None                    # why a lookup missed it (prefix_cache.py, 7.)
 
     @property
     def calls_at_lookup(self) -> int:
@@ -64,6 +65,7 @@ def trace_blocks(events: list[ChainEvent], request_id: str) -> dict[int, BlockTr
         elif e.kind in ("hit", "miss", "wait"):
             b.lookups.append(e.kind)
             b.block_id = e.block_id if e.kind == "hit" else b.block_id
+            b.miss_reason = e.reason if e.kind == "miss" else b.miss_reason
         elif e.kind in ("save", "twin"):
             b.saved, b.block_id = e.kind, e.block_id
     return dict(sorted(blocks.items()))
@@ -153,6 +155,10 @@ def print_cold_and_again(llm: LLM, tokens: list[int], cold: dict, again: dict, p
           f"0-{prompt_len - 1}).\n  cold/again: the lookup's verdict for that block (- : not probed; "
           "the lookup stops at the first miss,\n  and the block holding the last token is never served "
           "from cache). 'from': the cached block that served the hit.")
+    for label, trace in (("cold", cold), ("again", again)):
+        why = next((b.miss_reason for b in trace.values() if b.miss_reason), None)
+        if why:
+            print(f"  Why the {label} lookup missed: {why}.")
 
 
 def print_cold_count(cold: int, again: int, prompt_blocks: int) -> None:

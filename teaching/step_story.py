@@ -122,6 +122,8 @@ class StepStory:
         miss = next((e for e in events if e["kind"] == "miss"), None)
         if miss is None:
             return ""
+        if miss.get("reason"):
+            return f"; it stops at {miss['reason']}"
         if miss["index"] == 0:
             return f" (block 0, {miss['hash']}, is not cached)"
         return f"; block {miss['index']} ({miss['hash']}) is not cached, so the lookup stops there"

@@ -115,3 +115,16 @@ def test_in_flight_reason_on_the_match():
 
 def test_sampling_params_are_untouched(llama_dir):
     assert "cache_miss_reason" not in SamplingParams.__struct_fields__
+
+
+def test_the_chain_view_and_the_step_story_carry_the_reason(llm):
+    """run.py --chain's block table keeps each miss's reason; the step page's story tells it."""
+    from teaching.chain_view import trace_blocks
+    from teaching.step_story import StepStory
+    prompt = random_prompt(10, 12)
+    with llm.prefix_cache.recording() as events:
+        out = llm.generate([prompt], greedy(1), use_tqdm=False)[0]
+    blocks = trace_blocks(events, out.request_id)
+    assert blocks[0].miss_reason == "block 0: no entry for its hash (never cached)"
+    miss = {"kind": "miss", "index": 0, "hash": "ab", "reason": blocks[0].miss_reason}
+    assert StepStory._first_miss([miss]) == "; it stops at block 0: no entry for its hash (never cached)"
