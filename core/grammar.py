@@ -60,11 +60,19 @@ def spec_of(constraint) -> GrammarSpec:
 
 def _dump(schema) -> str:
     try:
-        return json.dumps(schema, sort_keys=True)
+        return json.dumps(schema)  # as given: the order of "properties" is the order generated
     except (TypeError, ValueError) as exc:
         raise ParameterError(f"the JSON schema cannot be written as JSON: {exc}",
                              parameter="structured_outputs", value=str(exc),
                              rule="json_syntax") from None
+
+
+def _whitespace(spec: GrammarSpec) -> dict:
+    """xgrammar's options for the whitespace rule, as vLLM passes them: without any whitespace,
+    also no space after the separators."""
+    if spec.any_whitespace:
+        return dict(any_whitespace=True)
+    return dict(any_whitespace=False, separators=(",", ":"))
 
 
 def choice_grammar(choices) -> str:
@@ -113,8 +121,7 @@ class GrammarCompiler:
     def _compile(self, spec: GrammarSpec):
         compiler = self._xgrammar()
         if spec.kind == "json_object":
-            return compiler.compile_json_schema('{"type": "object"}',
-                                                any_whitespace=spec.any_whitespace)
+            return compiler.compile_json_schema('{"type": "object"}', **_whitespace(spec))
         if spec.kind == "json":
             try:
                 json.loads(spec.text)
@@ -124,7 +131,7 @@ class GrammarCompiler:
                                      rule="json_syntax") from None
         try:
             if spec.kind == "json":
-                return compiler.compile_json_schema(spec.text, any_whitespace=spec.any_whitespace)
+                return compiler.compile_json_schema(spec.text, **_whitespace(spec))
             if spec.kind == "regex":
                 return compiler.compile_regex(spec.text)
             return compiler.compile_grammar(spec.text)  # EBNF: "grammar", or "choice"'s

@@ -34,12 +34,16 @@ PROMPTS = ["The record of the person is", "def describe(person):\n    return"]
 
 def run(package: str, model: str, tokens: int) -> dict:
     """{constraint: [token ids per prompt]} from ``package`` ("engine" or "vllm")."""
+    import importlib
     api = __import__(package)
+    # vLLM exports StructuredOutputsParams from vllm.sampling_params only; the engine from both
+    params_cls = (importlib.import_module("vllm.sampling_params").StructuredOutputsParams
+                  if package == "vllm" else api.StructuredOutputsParams)
     llm = api.LLM(model, dtype="float32", seed=0, max_model_len=512)
     out = {}
     for name, kw in CONSTRAINTS.items():
         sp = api.SamplingParams(temperature=0, max_tokens=tokens,
-                                structured_outputs=api.StructuredOutputsParams(**kw))
+                                structured_outputs=params_cls(**kw))
         out[name] = [[list(o.outputs[0].token_ids), o.outputs[0].text]
                      for o in llm.generate(PROMPTS, sp, use_tqdm=False)]
     return out
@@ -47,12 +51,13 @@ def run(package: str, model: str, tokens: int) -> dict:
 
 def in_subprocess(package: str, model: str, tokens: int) -> dict:
     code = (f"import json, tools.compare_structured_vllm as t; "
-            f"print(json.dumps(t.run({package!r}, {model!r}, {tokens})))")
+            f"print('RESULT ' + json.dumps(t.run({package!r}, {model!r}, {tokens})), flush=True)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=Path(__file__).resolve().parent.parent)
     if done.returncode != 0:
         raise RuntimeError(f"{package} failed:\n{done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    # vLLM prints its own lines too: the result is the one marked
+    return json.loads(next(line[7:] for line in done.stdout.splitlines() if line.startswith("RESULT ")))
 
 
 def main(argv=None) -> int:
