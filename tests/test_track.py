@@ -475,3 +475,16 @@ def test_both_readmes_name_the_same_files_steps_and_commands():
     for path in named(README["en"])["files"]:
         if not path.endswith(("my_prefix_cache.py", ".bak")):
             assert (ROOT / path).exists() or (ROOT / "track" / path).exists(), path
+
+
+def test_the_track_never_loads_the_fast_layer():
+    """Step 4 (a real generate) in a fresh interpreter: no fast-layer module is imported, so no
+    C++ kernel is built or loaded while a learner waits."""
+    code = ("import sys\n"
+            "from track.checks import real_generate\n"
+            "from prefix_cache import PrefixCache\n"
+            "real_generate(PrefixCache, 'incremental')\n"
+            "assert not [m for m in sys.modules if m == 'fast' or m.startswith('fast.')], "
+            "[m for m in sys.modules if m.startswith('fast')]\n")
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
