@@ -144,3 +144,24 @@ def test_a_reset_asked_for_while_a_forward_runs_changes_nothing(llama_dir, refer
     assert answers == [False] and llm.stats()["prefix_cache_hits"] == 16
     reference.compare(A + [5, 6, 7], got, 4)
     assert llm.reset_prefix_cache()
+
+
+@pytest.mark.parametrize("strategy", ["incremental", "recompute"])
+def test_a_commit_calls_no_hash_function(llama_dir, strategy):
+    """Every hash a commit's saves use was computed before it (prepare_saves): the hash
+    function is never called inside Scheduler.commit's changes, a decode block's save included."""
+    llm = make_llm(llama_dir, block_size=4, hash_strategy=strategy, max_num_batched_tokens=8)
+    real, inside, calls = llm.prefix_cache.hash_fn, [], []
+    llm.prefix_cache.hash_fn = lambda data, seed: (calls.append(bool(inside)), real(data, seed))[1]
+    cache_blocks = llm.prefix_cache.cache_blocks
+
+    def saving(*args):
+        inside.append(1)
+        try:
+            return cache_blocks(*args)
+        finally:
+            inside.pop()
+
+    llm.prefix_cache.cache_blocks = saving
+    tokens(llm, random_prompt(19, 5), 9)
+    assert calls and not any(calls)
