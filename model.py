@@ -13,7 +13,7 @@ norms, MLPs, each head's norm + RoPE) its own way, on this model's own parameter
 equal to this path.
 
 Reading order: config -> RoPE -> the backend seam -> norm -> paged attention -> MLP -> layer ->
-model -> loading -> 8-bit weights.
+model -> loading -> weight formats (8-bit weights; what each format does is core/weight_format.py).
 """
 from __future__ import annotations
 
@@ -28,6 +28,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from core import formats
+from core.formats import QUANTIZATIONS, check_quantization  # noqa: F401  (QUANTIZATIONS: for callers)
+from core.weight_format import ALL_ROWS, UNQUANTIZED, WeightFormat
 
 # config.json's model_type -> the decoder it names, as Hugging Face picks the class (by
 # model_type, whatever "architectures" says).
@@ -551,6 +555,7 @@ class CausalLM(nn.Module):
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+        self.quantization: str | None = None  # the weight format's name, set by ``quantized``
 
     @property
     def device(self) -> torch.device:
@@ -558,12 +563,8 @@ class CausalLM(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        """The activations' dtype (the norms'; an 8-bit model's weights are int8)."""
+        """The activations' dtype (the norms'; a quantized model's weights are in its format)."""
         return self.norm.weight.dtype
-
-    @property
-    def quantization(self) -> str | None:
-        return "int8" if isinstance(self.embed_tokens, Int8Embedding) else None
 
     def replaceable_parts(self) -> Iterator[tuple[str, Replaceable]]:
         """(name, part) of every part a backend may replace (the seam above)."""
@@ -578,29 +579,17 @@ class CausalLM(nn.Module):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """vLLM's model method: checkpoint-named tensors (HF / vLLM names, q/k/v and gate/up
-        into their fused parameters) copied in place; returns the parameters filled. All are
+        into their fused parameters) loaded in place, each by its part's weight format (a
+        quantized part quantizes a float weight); returns the parameters filled. All are
         checked first (a name no parameter takes, a wrong shape, NaN / inf), so a refused
         batch changes nothing. In place under ``no_grad``: version counters move, so the
         engine sees the change before its next step."""
-        params = dict(self.named_parameters(remove_duplicate=False))
-        targets = [_weight_target(self, params, name, tensor, "load_weights")
+        targets = [_weight_target(self, name, tensor, "load_weights")
                    for name, tensor in weights if not self._skips_weight(name)]
         with torch.no_grad():
-            for target, tensor, (name, index) in targets:
-                if target.dtype == torch.int8 and tensor.is_floating_point():  # an 8-bit weight
-                    target, tensor = self._quantized_into(params, target, tensor, name, index)
-                target.copy_(tensor.to(device=target.device, dtype=target.dtype))
-        return {param_name for _, _, (param_name, _) in targets}
-
-    def _quantized_into(self, params: dict, target, tensor, name: str, index: int | None):
-        """A float tensor for an int8 weight: its rows' scales stored, its int8 values returned."""
-        values, scale = quantize_rows(tensor)
-        scales = params[name + "_scale"]
-        if index is not None:
-            start, size = _fused_slice(self, name.split(".")[-2], index)
-            scales = scales[start:start + size]
-        scales.copy_(scale)
-        return target, values
+            for target in targets:
+                target.load()
+        return {target.param_name for target in targets}
 
     def _skips_weight(self, name: str) -> bool:
         """Rotary tables (recomputed) and, as vLLM, a tied model's lm_head (the embedding's)."""
@@ -622,8 +611,9 @@ class CausalLM(nn.Module):
 
 def load_model(path: str | Path, dtype: str | torch.dtype | None, device: torch.device,
                trust_remote_code: bool = False, quantization: str | None = None) -> CausalLM:
-    """Build the model from a local Hugging Face checkpoint directory; ``quantization="int8"``
-    quantizes its float weights as they load (8-bit weights, above)."""
+    """Build the model from a local Hugging Face checkpoint directory; ``quantization`` (a
+    registered weight format, e.g. "int8") quantizes its float weights once they are in
+    (weight formats, below)."""
     check_quantization(quantization)
 
     path = _checkpoint_dir(path)
@@ -756,7 +746,7 @@ def _load_weights(model: CausalLM, path: Path, dtype: torch.dtype) -> None:
     loaded: set[tuple[str, int | None]] = set()
     held: dict[str, torch.Tensor] = {}  # a tied config's stored lm_head.weight, placed last
     for file in safetensors_files(path):
-        loaded |= _load_file(model, params, file, dtype, held)
+        loaded |= _load_file(model, file, dtype, held)
     if model.config.tie_word_embeddings:
         loaded |= _tie_as_transformers(model, held.get(_HEAD), loaded, path)
     missing = [name for name, part in _expected_parts(params) if (name, part) not in loaded]
@@ -764,7 +754,7 @@ def _load_weights(model: CausalLM, path: Path, dtype: torch.dtype) -> None:
         raise ValueError(f"checkpoint {path} lacks weights for: {', '.join(sorted(set(missing))[:8])}")
 
 
-def _load_file(model: CausalLM, params: dict, file: Path, dtype: torch.dtype, held: dict) -> set:
+def _load_file(model: CausalLM, file: Path, dtype: torch.dtype, held: dict) -> set:
     """Copy one safetensors file into the parameters; returns the parts it filled (a tied
     config's lm_head.weight goes to ``held``). A damaged file's error names the file (the
     library's own message does not)."""
@@ -779,7 +769,7 @@ def _load_file(model: CausalLM, params: dict, file: Path, dtype: torch.dtype, he
                 if model.config.tie_word_embeddings and name.removeprefix("model.") == _HEAD:
                     held[_HEAD] = _checked_head(model, f.get_tensor(name), name, file, dtype)
                     continue
-                part = _copy_weight(model, params, name, f.get_tensor(name), dtype, file)
+                part = _copy_weight(model, name, f.get_tensor(name), file)
                 if part is None:
                     unused.append(name)
                 else:
@@ -799,7 +789,7 @@ def _checked_head(model: CausalLM, tensor: torch.Tensor, name: str, file: Path, 
     expected = tuple(model.embed_tokens.weight.shape)
     if tuple(tensor.shape) != expected:
         raise ValueError(f"weight {name} has shape {tuple(tensor.shape)}, expected {expected}")
-    if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+    if not torch.isfinite(tensor).all():
         raise ValueError(f"weight {name} in checkpoint file {file} has NaN or infinite values; "
                          f"every output would be NaN, so the model is not run")
     return tensor.to(device=model.device, dtype=dtype)
@@ -843,131 +833,174 @@ def _expected_parts(params: dict):
             yield from ((name, i) for i in range(count))
 
 
-def _copy_weight(model, params, hf_name: str, tensor: torch.Tensor, dtype, file: Path):
-    """Copy one checkpoint tensor into its (possibly fused) parameter; returns what it filled
+def _copy_weight(model, hf_name: str, tensor: torch.Tensor, file: Path):
+    """Load one checkpoint tensor into its (possibly fused) parameter; returns what it filled
     (None: no parameter of this model takes it)."""
-    found = _weight_target(model, params, hf_name, tensor, f"checkpoint file {file}", missing_ok=True)
-    if found is None:
+    target = _weight_target(model, hf_name, tensor, f"checkpoint file {file}", missing_ok=True)
+    if target is None:
         return None
-    target, _, part = found
     with torch.no_grad():  # in place on the parameter itself: its version counter moves
-        target.copy_(tensor.to(dtype))
-    return part
+        target.load()
+    return target.param_name, target.index
 
 
-def _weight_target(model, params, hf_name: str, tensor: torch.Tensor, source: str,
-                   missing_ok: bool = False):
-    """(the parameter or its fused slice, the tensor, (parameter name, slice index)) for one
-    checkpoint tensor, checked; None (``missing_ok``) or ValueError when no parameter takes it."""
+@dataclass
+class WeightTarget:
+    """Where one checkpoint tensor goes, checked: ``rows`` of ``part``'s tensor ``name``, as
+    the part's weight format loads it (``param_name``: the model's parameter; ``index``: which
+    slice of a fused q/k/v or gate/up parameter, None for the whole)."""
+
+    part: nn.Module
+    name: str
+    rows: slice
+    tensor: torch.Tensor
+    param_name: str
+    index: int | None
+
+    def load(self) -> None:
+        format_of(self.part).load(self.part, self.name, self.tensor, self.rows)
+
+
+def _weight_target(model, hf_name: str, tensor: torch.Tensor, source: str,
+                   missing_ok: bool = False) -> WeightTarget | None:
+    """The checked ``WeightTarget`` of one checkpoint tensor; None (``missing_ok``) or
+    ValueError when no parameter takes it. Its shape is the one its part's format expects."""
     name = hf_name.removeprefix("model.")
     parts = name.split(".")
     index = None
     if len(parts) >= 2 and parts[-2] in _FUSED:
         fused, index = _FUSED[parts[-2]]
         name = ".".join(parts[:-2] + [fused, parts[-1]])
-    param = params.get(name)
-    if param is None:
+    module_name, _, tensor_name = name.rpartition(".")
+    part = _submodule(model, module_name)
+    rows = ALL_ROWS if index is None else _fused_rows(model, module_name.split(".")[-1], index)
+    expected = None if part is None else format_of(part).expected_shape(part, tensor_name, tensor, rows)
+    if expected is None:
         if missing_ok:
             return None
         raise ValueError(f"{source}: no parameter of this {model.config.architecture} takes "
                          f"weight {hf_name!r}")
-    target = param
-    if index is not None:
-        start, size = _fused_slice(model, name.split(".")[-2], index)
-        target = target[start:start + size]
-    if target.shape != tensor.shape:
-        raise ValueError(f"weight {hf_name} has shape {tuple(tensor.shape)}, "
-                         f"expected {tuple(target.shape)}")
-    if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+    if tuple(tensor.shape) != tuple(expected):
+        raise ValueError(f"weight {hf_name} has shape {tuple(tensor.shape)}, expected {tuple(expected)}")
+    if not torch.isfinite(tensor).all():
         raise ValueError(f"weight {hf_name} in {source} has NaN or infinite values; "
                          f"every output would be NaN, so the model is not run")
-    return target, tensor, (name, index)
+    return WeightTarget(part, tensor_name, rows, tensor, name, index)
 
 
-def _fused_slice(model: CausalLM, fused: str, index: int) -> tuple[int, int]:
+def _submodule(model: nn.Module, name: str) -> nn.Module | None:
+    try:
+        return model.get_submodule(name)
+    except AttributeError:
+        return None
+
+
+def _fused_rows(model: CausalLM, fused: str, index: int) -> slice:
+    """The rows of a fused parameter that q, k or v (gate or up) fill."""
     cfg = model.config
     if fused == "gate_up_proj":
-        return index * cfg.intermediate_size, cfg.intermediate_size
+        return slice(index * cfg.intermediate_size, (index + 1) * cfg.intermediate_size)
     q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-    return ((0, q), (q, kv), (q + kv, kv))[index]
+    return (slice(0, q), slice(q, q + kv), slice(q + kv, q + 2 * kv))[index]
 
 
-# ----------------------------------------------------------------------------- 8-bit weights
-# ``quantization="int8"``: after loading, every linear (the LM head too) and the embedding keep
-# their weight as int8, one float32 scale per output row (symmetric: the row's largest |value|
-# maps to 127). That halves the bytes a decode step streams. Activations stay in the model's
-# dtype: here a weight is dequantized to it and the layer computes as before; a backend may
-# compute from the int8 values directly (same parameters, the seam above).
-
-QUANTIZATIONS = ("int8",)
-
-
-def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric int8 per output row: (values in [-127, 127], float32 scales), value * scale
-    within half a scale of the weight."""
-    w = weight.detach().float()
-    scale = w.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127
-    return torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8), scale
+# ----------------------------------------------------------------------------- weight formats
+# ``quantization="int8"`` (or any name core/formats.py registers): after loading, every linear
+# (the LM head too) and, as the format decides, the embedding keep their weight in that format
+# (core/weight_format.py). A ``FormatLinear`` / ``FormatEmbedding`` holds the parameters its
+# format made and asks the format for everything: here, the dequantized weight in the
+# activations' dtype, so the layer computes as before (the spec); a backend may compute from the
+# stored values directly (same parameters, the seam above).
 
 
-def dequantize_rows(weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The weight an int8 part computes with: value * scale in float32, rounded once to ``dtype``."""
-    return (weight.float() * scale[:, None].float()).to(dtype)
+class FormatLinear(Replaceable, kind="format_linear"):
+    """A linear whose weight ``weight_format`` stores (its parameters by the format's names,
+    e.g. ``weight`` and ``weight_scale``), and a float ``bias`` or None."""
 
-
-class Int8Linear(Replaceable, kind="int8_linear"):
-    """A linear with an int8 ``weight`` [out, in] and float32 ``weight_scale`` [out] (vLLM's
-    names for a quantized linear's parameters)."""
-
-    def __init__(self, weight: nn.Parameter, weight_scale: nn.Parameter, bias: nn.Parameter | None) -> None:
+    def __init__(self, weight_format: WeightFormat, parameters: Mapping[str, nn.Parameter],
+                 shape: tuple[int, int], bias: nn.Parameter | None) -> None:
         super().__init__()
-        self.weight, self.weight_scale, self.bias = weight, weight_scale, bias
-        self.out_features, self.in_features = weight.shape
+        self.weight_format = weight_format
+        self.out_features, self.in_features = shape
+        for name, param in parameters.items():
+            self.register_parameter(name, param)
+        self.bias = bias
+
+    @property
+    def weight_shape(self) -> tuple[int, int]:
+        return self.out_features, self.in_features
 
     @classmethod
-    def of(cls, linear: nn.Linear) -> Int8Linear:
-        values, scale = quantize_rows(linear.weight)
-        return cls(nn.Parameter(values, requires_grad=False), nn.Parameter(scale, requires_grad=False),
+    def of(cls, linear: nn.Linear, weight_format: WeightFormat) -> FormatLinear:
+        """``linear`` with its weight in ``weight_format`` (its bias as it is)."""
+        part = cls(weight_format, _created(weight_format, linear.weight), tuple(linear.weight.shape),
                    linear.bias)
+        with torch.no_grad():
+            weight_format.load(part, "weight", linear.weight.detach())
+        return part
 
     def compute(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, dequantize_rows(self.weight, self.weight_scale, x.dtype), self.bias)
+        return self.weight_format.apply(self, x)
 
 
-class Int8Embedding(nn.Module):
-    """The token embedding as int8 rows and a scale per row (a tied LM head shares both)."""
+class FormatEmbedding(nn.Module):
+    """The token embedding in ``weight_format``, looked up in ``dtype`` (a tied LM head shares
+    its parameters: ``tied_head``)."""
 
-    def __init__(self, weight: nn.Parameter, weight_scale: nn.Parameter, dtype: torch.dtype) -> None:
+    def __init__(self, weight_format: WeightFormat, parameters: Mapping[str, nn.Parameter],
+                 shape: tuple[int, int], dtype: torch.dtype) -> None:
         super().__init__()
-        self.weight, self.weight_scale, self.dtype = weight, weight_scale, dtype
+        self.weight_format, self.dtype = weight_format, dtype
+        self.num_embeddings, self.embedding_dim = shape
+        for name, param in parameters.items():
+            self.register_parameter(name, param)
+
+    @property
+    def weight_shape(self) -> tuple[int, int]:
+        return self.num_embeddings, self.embedding_dim
+
+    @classmethod
+    def of(cls, embedding: nn.Embedding, weight_format: WeightFormat,
+           dtype: torch.dtype) -> FormatEmbedding:
+        part = cls(weight_format, _created(weight_format, embedding.weight),
+                   tuple(embedding.weight.shape), dtype)
+        with torch.no_grad():
+            weight_format.load(part, "weight", embedding.weight.detach())
+        return part
+
+    def tied_head(self) -> FormatLinear:
+        """An LM head on these very parameters."""
+        return FormatLinear(self.weight_format, dict(self.named_parameters()), self.weight_shape, None)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return dequantize_rows(self.weight[input_ids], self.weight_scale[input_ids], self.dtype)
+        return self.weight_format.embed(self, input_ids, self.dtype)
 
 
-def check_quantization(quantization: str | None) -> None:
-    if quantization is not None and quantization not in QUANTIZATIONS:
-        raise ValueError(f"quantization {quantization!r} is not supported; supported: "
-                         f"{', '.join(QUANTIZATIONS)} (or None)")
+def _created(weight_format: WeightFormat, weight: torch.Tensor) -> dict[str, nn.Parameter]:
+    return weight_format.create_weights(*weight.shape, weight.dtype, weight.device)
+
+
+def format_of(part: nn.Module) -> WeightFormat:
+    """The format that loads ``part``'s parameters: its own, or as stored."""
+    return getattr(part, "weight_format", None) or UNQUANTIZED
 
 
 def quantized(model: CausalLM, quantization: str | None) -> CausalLM:
-    """``model`` with the weights ``quantization`` names (None: as loaded)."""
-    check_quantization(quantization)
-    if quantization == "int8":
-        quantize_int8(model)
-    return model.eval()
-
-
-def quantize_int8(model: CausalLM) -> None:
-    """Every model.py ``Linear`` (a subclass with its own math is left as it is) and the
-    embedding to 8-bit weights, in place; a tied LM head shares the embedding's."""
+    """``model`` with its weights in the format ``quantization`` names (None: as loaded), in
+    place: every model.py ``Linear`` (a subclass with its own math is left as it is) and, as
+    the format decides, the embedding; a tied LM head shares the embedding's."""
+    weight_format = formats.weight_format(quantization)
+    if weight_format is None:
+        return model.eval()
+    tied = model.config.tie_word_embeddings
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
-            if type(child) is Linear:
-                setattr(module, name, Int8Linear.of(child))
-    values, scale = quantize_rows(model.embed_tokens.weight)
-    weight, weight_scale = nn.Parameter(values, requires_grad=False), nn.Parameter(scale, requires_grad=False)
-    model.embed_tokens = Int8Embedding(weight, weight_scale, model.dtype)
-    if model.config.tie_word_embeddings:
-        model.lm_head = Int8Linear(weight, weight_scale, None)
+            if type(child) is Linear and not (tied and child is model.lm_head):
+                setattr(module, name, FormatLinear.of(child, weight_format))
+    embedding_format = weight_format.embedding_format()
+    if embedding_format is not None:
+        model.embed_tokens = FormatEmbedding.of(model.embed_tokens, embedding_format, model.dtype)
+        if tied:
+            model.lm_head = model.embed_tokens.tied_head()
+    model.quantization = weight_format.name
+    return model.eval()

@@ -22,7 +22,7 @@ from typing import Callable
 
 import torch
 
-from model import AttentionPlan, CausalLM, PagedAttention, SeqChunk
+from model import AttentionPlan, CausalLM, FormatLinear, PagedAttention, SeqChunk
 
 # model -> (its lock, [the token of the backend whose replacements are installed])
 _INSTALLED: "weakref.WeakKeyDictionary[CausalLM, list]" = weakref.WeakKeyDictionary()
@@ -63,8 +63,23 @@ class Backend:
     def before_step(self) -> None:
         """Called before every step's forward (the fast layer re-checks its thread count)."""
 
+    def described_linears(self) -> list[str]:
+        """Each weight format's linears and what computes them for each row count (the kernels
+        chosen per linear: its replacement's ``describe()``; else model.py's own math), as
+        "int8 linears: 1-8 rows int8_linear, 9+ rows ... (57)"; none for a model without one."""
+        groups: dict[str, int] = {}
+        for name, part in self.model.replaceable_parts():
+            if isinstance(part, FormatLinear):
+                replacement = self.replacements.get(name)
+                rows = (replacement.describe() if hasattr(replacement, "describe")
+                        else f"any rows {part.weight_format.plain_kernel}")
+                key = f"{part.weight_format.name} linears: {rows}"
+                groups[key] = groups.get(key, 0) + 1
+        return [f"{key} ({count})" for key, count in groups.items()]
+
     def describe(self) -> str:
-        return self.name
+        linears = self.described_linears()
+        return f"{self.name} ({', '.join(linears)})" if linears else self.name
 
 
 def _slot(model: CausalLM) -> tuple[threading.RLock, list]:

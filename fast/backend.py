@@ -5,21 +5,25 @@ What runs is a ``FastPaths`` (fast/paths.py, chosen once from the engine's setti
 * attention: the kinds of fast/attention.py, planned once per step (``FastAttention``), with
   the compiled kernels' routes where the paths hold them;
 * linears: where packed, a replacement per linear part and SiLU MLP of the user's model
-  (fast/linear.py); norms and each head's norm + RoPE by the compiled glue (fast/glue.py) --
-  all through model.py's backend seam, on the model's own parameters: no copy of the model;
+  (fast/linear.py); a weight format's linears by its kernels, chosen per row count once per
+  linear (fast/format_kernels.py); norms and each head's norm + RoPE by the compiled glue
+  (fast/glue.py) -- all through model.py's backend seam, on the model's own parameters: no
+  copy of the model;
 * the KV pool on huge pages (fast/cpu_memory.py);
 * before each step, the CPU tuning's thread check (fast/tuning.py), when an entry point gave one.
 
-``describe()`` prints the paths, and why any kernel is off. Every part is tested equal to the
-plain path (tests/test_plain_path.py, test_attention_kinds.py, test_one_model.py).
+``describe()`` prints the paths, why any kernel is off, and each weight format's linears'
+kernel per row count. Every part is tested equal to the plain path (tests/test_plain_path.py,
+test_attention_kinds.py, test_one_model.py).
 """
 from __future__ import annotations
 
 from core.backend import Backend
 from fast.attention import FastAttention, FastPlan
 from fast.cpu_memory import zeros_on_huge_pages
+from fast.format_kernels import format_replacements
 from fast.glue import glue_replacements
-from fast.linear import int8_replacements, packed_replacements
+from fast.linear import packed_replacements
 from fast.paths import FastPaths, choose_paths
 from fast.tuning import CpuTuning
 from model import CausalLM, SeqChunk
@@ -44,8 +48,8 @@ class FastBackend(Backend):
         out = packed_replacements(self.model, self.paths.small_linear) if self.paths.pack_linears else {}
         if self.paths.glue is not None:
             out.update(glue_replacements(self.model, self.paths.glue))
-        if self.paths.int8 is not None:
-            out.update(int8_replacements(self.model, self.paths.int8, self.paths.int8_tiles))
+        for kernels in self.paths.formats:
+            out.update(format_replacements(self.model, kernels))
         return out
 
     def rederive(self) -> None:
@@ -75,7 +79,8 @@ class FastBackend(Backend):
             self.tuning.maybe_update()
 
     def describe(self) -> str:
-        parts = [self.paths.describe()] + ([self.tuning.describe()] if self.tuning is not None else [])
+        parts = [self.paths.describe()] + self.described_linears()
+        parts += [self.tuning.describe()] if self.tuning is not None else []
         return f"{self.name} ({', '.join(parts)})"
 
 

@@ -23,6 +23,9 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional, Protocol
+
+from torch import Tensor
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = tuple(CSRC / name for name in ("bindings.cpp", "attention.cpp", "small_linear.cpp",
@@ -45,11 +48,40 @@ def build_flags() -> tuple[tuple[str, ...], list[str]]:
     return FLAGS, ["-fopenmp"]
 
 
+class Kernels(Protocol):
+    """The compiled module as Python calls it (fast/csrc/bindings.cpp); Tensor arguments only,
+    on the CPU. Each ``*_available`` says whether this build's CPU flags hold that kernel."""
+
+    def decode_attention(self, q: Tensor, pool_k: Tensor, pool_v: Tensor, rows: Tensor, tables: Tensor,
+                         lo: Tensor, hi: Tensor, block_size: int, scale: float, out: Tensor,
+                         vector: bool = True) -> None: ...
+    def prefill_attention_available(self) -> bool: ...
+    def prefill_attention(self, q: Tensor, pool_k: Tensor, pool_v: Tensor, first_token: Tensor,
+                          starts: Tensor, lengths: Tensor, tables: Tensor, block_size: int, scale: float,
+                          window: int, out: Tensor) -> None: ...
+    def shared_decode_attention(self, q: Tensor, pool_k: Tensor, pool_v: Tensor, rows: Tensor,
+                                tables: Tensor, hi: Tensor, shared_blocks: int, block_size: int,
+                                scale: float, out: Tensor) -> None: ...
+    def small_linear_available(self) -> bool: ...
+    def small_linear(self, x: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
+                     silu_mul: bool = False) -> Tensor: ...
+    def int8_linear_available(self) -> bool: ...
+    def int8_linear(self, x: Tensor, weight: Tensor, scale: Tensor, bias: Optional[Tensor] = None,
+                    silu_mul: bool = False) -> Tensor: ...
+    def int8_tiles_available(self) -> bool: ...
+    def int8_tiles(self, x: Tensor, weight: Tensor, scale: Tensor, bias: Optional[Tensor] = None,
+                   silu_mul: bool = False) -> Tensor: ...
+    def int8_dequantize(self, weight: Tensor, scale: Tensor, dtype) -> Tensor: ...
+    def rms_norm(self, x: Tensor, weight: Tensor, eps: float) -> Tensor: ...
+    def norm_rope(self, x: Tensor, weight: Optional[Tensor], eps: float, cos: Tensor,
+                  sin: Tensor) -> Tensor: ...
+
+
 @dataclass(frozen=True)
 class KernelBuild:
     """The outcome of loading the kernels: the module, or why not; seconds; built or cached."""
 
-    module: object | None
+    module: Kernels | None
     seconds: float
     built: bool          # compiled in this process (False: loaded from the disk cache)
     reason: str = ""     # why there is no module

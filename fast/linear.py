@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model import MLP, Int8Linear, Linear
+from model import MLP, Linear
 
 
 def onednn_linears_usable(device: torch.device, dtype: torch.dtype) -> bool:
@@ -60,11 +60,6 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
 
 
 SMALL_ROWS = 4  # the most rows fast/csrc/small_linear.cpp takes
-INT8_ROWS = 8   # the most rows fast/csrc/int8_linear.cpp takes
-# Where AMX's tiles run 8-bit linears: from INT8_FEW_ROWS + 1 rows (fewer: the few-row kernel is
-# faster) to INT8_TILE_ROWS (more: the matmul on the dequantized weight is); measured, docs/benchmarks.md.
-INT8_FEW_ROWS = 3
-INT8_TILE_ROWS = 128
 
 
 def few_rows(x: torch.Tensor, small: Callable | None, weight: torch.Tensor) -> bool:
@@ -141,68 +136,4 @@ def packed_replacements(model: nn.Module, small: Callable | None = None) -> dict
             out[name] = PackedLinear(small)
         elif part.kind == "mlp" and part.hidden_act == "silu" and part.gate_up_proj.kind == "linear":
             out[name] = PackedSiluMLP(small)
-    return out
-
-
-# ----------------------------------------------------------------------------- 8-bit weights
-
-class Int8Product:
-    """model.Int8Linear from its int8 weight and row scales, the int8 weight streamed once per
-    call: up to INT8_FEW_ROWS rows (any up to INT8_ROWS where there are no tiles, or the input
-    is float32) by the few-row kernel (fast/csrc/int8_linear.cpp); bfloat16 rows up to
-    INT8_TILE_ROWS on AMX's int8 tiles (fast/csrc/int8_tiles.cpp), where ``tiles``; more rows by
-    one matmul on the weight dequantized for the call (as model.py rounds it), where the
-    matmul's compute, not the weight's bytes, is the cost."""
-
-    def __init__(self, kernels, tiles: bool = False) -> None:
-        self.kernels, self.tiles = kernels, tiles
-
-    def __call__(self, part: Int8Linear, x: torch.Tensor, silu_mul: bool = False) -> torch.Tensor:
-        weight, scale, bias = part.weight, part.weight_scale, part.bias
-        if not (x.dtype in (torch.bfloat16, torch.float32) and weight.is_contiguous()):
-            return _silu_mul(part.compute(x)) if silu_mul else part.compute(x)
-        kernel = self.kernel_for(x)
-        if kernel is not None:
-            return kernel(x, weight, scale, bias, silu_mul)
-        y = F.linear(x, self.kernels.int8_dequantize(weight, scale, x.dtype), bias)
-        return _silu_mul(y) if silu_mul else y
-
-    def kernel_for(self, x: torch.Tensor) -> Callable | None:
-        """The compiled kernel for these rows; None: the dequantized weight's matmul."""
-        if x.dim() != 2:
-            return None
-        rows, tiled = x.shape[0], self.tiles and x.dtype == torch.bfloat16
-        if rows <= INT8_FEW_ROWS or (rows <= INT8_ROWS and not tiled):
-            return self.kernels.int8_linear
-        return self.kernels.int8_tiles if tiled and rows <= INT8_TILE_ROWS else None
-
-
-class Int8SiluMLP:
-    """model.MLP with SiLU on 8-bit weights: for a few rows, gate, up and silu(gate) * up in one
-    kernel call; then the part's own down projection."""
-
-    def __init__(self, product: Int8Product) -> None:
-        self.product = product
-
-    def __call__(self, part: MLP, x: torch.Tensor) -> torch.Tensor:
-        linear = part.gate_up_proj
-        if part.hidden_act != "silu" or has_hooks(linear) or not linear.computes_as_declared():
-            return part.compute(x)
-        return part.down_proj(self.product(linear, x, silu_mul=True))
-
-
-def _silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    gate, up = gate_up.chunk(2, dim=-1)
-    return F.silu(gate).mul_(up)
-
-
-def int8_replacements(model: nn.Module, kernels, tiles: bool = False) -> dict:
-    """A replacement per 8-bit linear part and per SiLU MLP on 8-bit weights (name -> callable);
-    ``tiles``: the kernel module's AMX tile linears run here."""
-    product, out = Int8Product(kernels, tiles), {}
-    for name, part in model.replaceable_parts():
-        if part.kind == "int8_linear":
-            out[name] = product
-        elif part.kind == "mlp" and part.hidden_act == "silu" and part.gate_up_proj.kind == "int8_linear":
-            out[name] = Int8SiluMLP(product)
     return out

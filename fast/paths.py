@@ -1,11 +1,13 @@
 """Which fast machinery runs: chosen once, here, from the engine's settings and the model.
 
-``choose_paths(model_config, dtype, device, enforce_eager=...)`` is the only place a path is
-picked: the attention kinds' routes (fast/attention.py), packed linears (fast/linear.py), and,
-unless ``enforce_eager``, the compiled kernels (fast/kernels.py) within their limits. The result,
-a ``FastPaths``, is what ``FastBackend`` runs and what its ``describe()`` prints, the reason
-for every kernel left off included. ``fast_paths=False`` never gets here: the engine's builder
-then takes the core's plain ``Backend``.
+``choose_paths(model_config, dtype, device, enforce_eager=...)`` is where the paths are picked:
+the attention kinds' routes (fast/attention.py), packed linears (fast/linear.py), and, unless
+``enforce_eager``, the compiled kernels (fast/kernels.py) within their limits, the weight
+formats' among them. The result, a ``FastPaths``, is what ``FastBackend`` runs and what its
+``describe()`` prints, the reason for every kernel left off included. A linear in a weight
+format then gets its kernel for each row count once, when the backend is built, from the
+format's kernels (``FormatKernels.choose``): no call picks one. ``fast_paths=False`` never
+gets here: the engine's builder then takes the core's plain ``Backend``.
 
 The kernels' limits, as fast/csrc checks them (outside a limit the PyTorch kind runs):
 
@@ -14,12 +16,13 @@ The kernels' limits, as fast/csrc checks them (outside a limit the PyTorch kind 
   ``TILE_MAX_GROUP`` query heads per KV head (a tile's 16 lanes hold one position's heads);
   positions and position + window in int32;
 * the few-row linear: bfloat16, AVX-512 BF16 in the build, at most fast/linear.SMALL_ROWS rows;
-* the 8-bit linear (a model loaded with ``quantization="int8"``): bfloat16 or float32 input,
-  AVX-512 in the build, at most fast/linear.INT8_ROWS rows (more rows: one matmul on the
-  weight the kernel module dequantizes);
-* the 8-bit tile linear: bfloat16 input, AMX-INT8 and AVX-512 BF16 in the build, the tile
-  registers granted by Linux; fast/linear.INT8_FEW_ROWS + 1 to INT8_TILE_ROWS rows;
-* the heads' norm + RoPE: an even head_dim (RoPE's halves).
+* the heads' norm + RoPE: an even head_dim (RoPE's halves);
+* a weight format's kernels (``FORMAT_KERNELS`` below): as each probes the build; each linear in
+  that format then gets its kernel per row count once (fast/format_kernels.py). The 8-bit
+  linear (``quantization="int8"``, fast/int8_linear.py): bfloat16 or float32 input, AVX-512 in
+  the build, at most INT8_ROWS rows (more rows: one matmul on the weight the kernel module
+  dequantizes); its tile linear: bfloat16 input, AMX-INT8 and AVX-512 BF16 in the build, the
+  tile registers granted by Linux, INT8_FEW_ROWS + 1 to INT8_TILE_ROWS rows.
 """
 from __future__ import annotations
 
@@ -29,8 +32,16 @@ from typing import Callable
 import torch
 
 from fast.attention import Routes
-from fast.kernels import KernelBuild, compiled_kernels
+from fast.format_kernels import FormatKernels
+from fast.int8_linear import Int8Kernels
+from fast.kernels import KernelBuild, Kernels, compiled_kernels
 from fast.linear import onednn_linears_usable
+
+# Weight format (core/formats.py) -> the fast layer's kernels for it. A format without an entry
+# computes as model.py does (its dequantized weight's matmul) on every path.
+FORMAT_KERNELS: dict[str, type[FormatKernels]] = {
+    "int8": Int8Kernels,
+}
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 TILE_MAX_GROUP = 16          # csrc/attention.cpp: query heads per KV head in one 16-lane tile
@@ -44,11 +55,10 @@ class FastPaths:
     routes: Routes
     pack_linears: bool
     small_linear: Callable | None = None  # the compiled few-row bfloat16 linear
-    glue: object | None = None            # the compiled module for norms and heads' RoPE
+    glue: Kernels | None = None           # the compiled module for norms and heads' RoPE
     build: KernelBuild | None = None      # None: enforce_eager (no kernels asked for)
     off: tuple[str, ...] = ()             # "what (why)" for each kernel left off
-    int8: object | None = None            # the compiled module for 8-bit linears
-    int8_tiles: bool = False              # its AMX tile linears run (bfloat16, 4-128 rows)
+    formats: tuple[FormatKernels, ...] = ()  # the weight formats' kernels this build holds
 
     def describe(self) -> str:
         parts = ["fast attention", "packed linears" if self.pack_linears else "plain linears"]
@@ -57,9 +67,8 @@ class FastPaths:
                                          ("prompt chunks", self.routes.prefill_kernel),
                                          ("shared decode", self.routes.shared_decode_kernel),
                                          ("few-row linear", self.small_linear),
-                                         ("norms and RoPE", self.glue),
-                                         ("8-bit linears", self.int8),
-                                         ("8-bit tile linears", self.int8_tiles or None)) if on is not None]
+                                         ("norms and RoPE", self.glue)) if on is not None]
+        kernels += [name for kinds in self.formats for name in kinds.names()]
         if kernels:
             parts.append("kernels for " + ", ".join(kernels))
         return ", ".join(parts + ([f"off: {'; '.join(self.off)}"] if self.off else []))
@@ -102,13 +111,12 @@ def _with_kernels(routes: Routes, pack_linears: bool, build: KernelBuild, config
     glue = module if config.head_dim % 2 == 0 else None
     if glue is None:
         off.append(f"norms and RoPE (odd head_dim {config.head_dim})")
-    int8 = module if module.int8_linear_available() else None
-    if int8 is None:
-        off.append("8-bit linears (built without AVX-512)")
-    int8_tiles = int8 is not None and module.int8_tiles_available()
-    if int8 is not None and not int8_tiles:
-        off.append("8-bit tile linears (built without AMX-INT8 and AVX-512 BF16, or Linux refused the tile registers)")
-    return FastPaths(routes, pack_linears, small, glue, build, tuple(off), int8, int8_tiles)
+    formats = []
+    for kinds in FORMAT_KERNELS.values():
+        held, kinds_off = kinds.probe(module)
+        formats += [held] if held is not None else []
+        off += kinds_off
+    return FastPaths(routes, pack_linears, small, glue, build, tuple(off), tuple(formats))
 
 
 def _tile_limits(module, config) -> str:

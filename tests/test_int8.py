@@ -17,13 +17,26 @@ import pytest
 import torch
 
 from benchmarks.int8_quality import engine_logits, logprob_error, text_ids
+from core.formats import FORMATS
+from core.int8_format import dequantize_rows, quantize_rows
+from fast.format_kernels import FormatLinearKernel, FusedSiluMLP
+from fast.int8_linear import INT8_FEW_ROWS, INT8_ROWS, INT8_TILE_ROWS, Int8Kernels
 from fast.kernels import compiled_kernels
-from fast.linear import INT8_FEW_ROWS, INT8_ROWS, INT8_TILE_ROWS, Int8Product, Int8SiluMLP
 from helpers import DEMO_MODEL_DIR, GreedyReference, build_checkpoint, greedy, make_llm, random_prompt
-from model import MLP, Int8Linear, Linear, dequantize_rows, load_model, quantize_rows
+from model import MLP, FormatLinear, Linear, load_model
 
 PATHS = [dict(fast_paths=False), dict(enforce_eager=True), dict(enforce_eager=False)]
 PATH_IDS = ["plain", "fast-no-kernels", "fast-kernels"]
+
+
+def int8(linear: Linear) -> FormatLinear:
+    """``linear`` with 8-bit weights, as ``quantization="int8"`` makes every linear."""
+    return FormatLinear.of(linear, FORMATS["int8"])
+
+
+def int8_kernel(kernels, part: FormatLinear, dtype, tiles: bool = False) -> FormatLinearKernel:
+    """The fast layer's replacement of an 8-bit linear: its kernel per row count, chosen once."""
+    return FormatLinearKernel(Int8Kernels(kernels, tiles), part, dtype)
 
 
 def dequantized_checkpoint(arch: str, out_dir) -> str:
@@ -84,15 +97,15 @@ def kernels():
 @pytest.mark.parametrize("in_features", [64, 100])
 def test_kernel_equals_the_plain_part_within_rounding(kernels, dtype, rows, in_features):
     torch.manual_seed(rows)
-    linear = Int8Linear.of(Linear(in_features, 48).to(dtype))
+    linear = int8(Linear(in_features, 48).to(dtype))
     mlp = MLP(SimpleNamespace(hidden_act="silu", hidden_size=in_features, intermediate_size=24,
                               mlp_bias=True)).to(dtype)
-    mlp.gate_up_proj, mlp.down_proj = Int8Linear.of(mlp.gate_up_proj), Int8Linear.of(mlp.down_proj)
+    mlp.gate_up_proj, mlp.down_proj = int8(mlp.gate_up_proj), int8(mlp.down_proj)
     x = torch.randn(rows, in_features).to(dtype)
-    product = Int8Product(kernels)
     with torch.inference_mode():
         want, want_mlp = linear.compute(x), mlp.compute(x)
-        got, got_mlp = product(linear, x), Int8SiluMLP(product)(mlp, x)
+        got = int8_kernel(kernels, linear, dtype)(linear, x)
+        got_mlp = FusedSiluMLP(int8_kernel(kernels, mlp.gate_up_proj, dtype))(mlp, x)
     tol = dict(atol=2e-2, rtol=2e-2) if dtype == torch.bfloat16 else dict(atol=1e-5, rtol=1e-5)
     assert got.dtype == dtype and got_mlp.dtype == dtype
     torch.testing.assert_close(got.float(), want.float(), **tol)
@@ -154,7 +167,7 @@ def test_tile_kernel_rows_of_any_range_and_non_finite_rows(tiles):
     assert bool(((got - want).abs() <= bound + step).all())
     odd = torch.randn(6, k).bfloat16()
     odd[1, 5], odd[3, 7], odd[4, 0] = float("inf"), float("nan"), float("-inf")
-    linear = Int8Linear.of(Linear(k, n).to(torch.bfloat16))
+    linear = int8(Linear(k, n).to(torch.bfloat16))
     with torch.inference_mode():
         got = tiles.int8_tiles(odd, linear.weight, linear.weight_scale, linear.bias, False)
         want = linear.compute(odd)
@@ -179,11 +192,11 @@ class CountingKernels:
 @pytest.mark.parametrize("rows", [1, INT8_FEW_ROWS, INT8_FEW_ROWS + 1, INT8_ROWS, INT8_ROWS + 1,
                                   INT8_TILE_ROWS, INT8_TILE_ROWS + 1])
 def test_each_row_count_goes_to_its_kernel(tiles, rows):
-    linear = Int8Linear.of(Linear(64, 32).to(torch.bfloat16))
+    linear = int8(Linear(64, 32).to(torch.bfloat16))
     counting = CountingKernels(tiles)
     x = torch.randn(rows, 64).bfloat16()
     with torch.inference_mode():
-        got = Int8Product(counting, tiles=True)(linear, x)
+        got = int8_kernel(counting, linear, torch.bfloat16, tiles=True)(linear, x)
         want = linear.compute(x)
     kernel = ("int8_linear" if rows <= INT8_FEW_ROWS else "int8_tiles" if rows <= INT8_TILE_ROWS
               else "int8_dequantize")
@@ -191,8 +204,9 @@ def test_each_row_count_goes_to_its_kernel(tiles, rows):
     torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
     float_rows = torch.randn(min(rows, INT8_ROWS), 64)  # float32 input: never the tiles
     counting.calls.clear()
+    float_linear = int8(Linear(64, 32))
     with torch.inference_mode():
-        Int8Product(counting, tiles=True)(Int8Linear.of(Linear(64, 32)), float_rows)
+        int8_kernel(counting, float_linear, torch.float32, tiles=True)(float_linear, float_rows)
     assert counting.calls == ["int8_linear"]
 
 
@@ -201,12 +215,13 @@ def test_a_batch_decoded_on_the_tiles_is_the_same_model(tiles, monkeypatch):
     kernel) and again with the tiles off (the dequantized weight's matmul) give each chosen token
     the same log-probability within bfloat16's noise, and part ways only at a near-tie (each
     run's choice is the other's runner-up, within that noise)."""
-    import fast.linear
+    import fast.int8_linear
     prompts = [random_prompt(5 + 3 * i, 660 + i, vocab=200) for i in range(6)]
     llm = make_llm(str(DEMO_MODEL_DIR), dtype="bfloat16", quantization="int8")
     assert "8-bit tile linears" in llm.llm_engine.engine_core.model_runner.backend.describe()
     on = llm.generate(prompts, greedy(12, logprobs=2), use_tqdm=False)
-    monkeypatch.setattr(fast.linear, "INT8_TILE_ROWS", 0)
+    monkeypatch.setattr(fast.int8_linear, "INT8_TILE_ROWS", 0)
+    llm.llm_engine.engine_core.model_runner.backend.rederive()  # each linear chooses again
     off = llm.generate(prompts, greedy(12, logprobs=2), use_tqdm=False)
     agreed = 0
     for a, b in zip(on, off):
