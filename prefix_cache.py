@@ -192,8 +192,7 @@ class PrefixCache:
         bs, tokens = self.block_size, seq.token_view()
         for index in todo:
             data = tokens[index * bs:(index + 1) * bs].tobytes()
-            h = self._ahead[data, prev] = self.hash_fn(data, prev)  # keyed by its parent's hash
-            prev = h
+            self._ahead[data, prev] = prev = self.hash_fn(data, prev)  # keyed by the parent, then on
 
     def _precompute_block_hashes(self, seq: Sequence, source: HashSource = HashSource.PRECOMPUTED) -> None:
         """The chapter: extend ``seq._block_hashes`` to all its full blocks; a no-op when it is
