@@ -74,13 +74,15 @@ class OutputProcessor:
     # ------------------------------------------------------------------ after a forward
 
     def note_cached_tokens(self, chunks: list[ScheduledChunk]) -> None:
-        """A sequence's first chunk starts after its cached prefix: vLLM's num_cached_tokens.
-        Its request's prompt counts once, then (not again after a preemption)."""
+        """A sequence's first chunk starts after its cached prefix: vLLM's num_cached_tokens,
+        and why the prefix ends there (its admitting lookup's stop). Its request's prompt counts
+        once, then (not again after a preemption)."""
         for chunk in chunks:
             state = self.seq_states[chunk.seq]
             if state.num_cached_tokens is None:
                 self.prompt_tokens += chunk.seq.num_prompt_tokens if state.index == 0 else 0
                 state.num_cached_tokens = min(chunk.start, chunk.seq.num_prompt_tokens)
+                state.cache_miss_reason = self.scheduler.prefix_cache.stop_of(chunk.seq)  # and why
 
     def process(self, result: StepResult) -> None:
         """Store prompt logprobs, append the sampled tokens, emit outputs to their sinks."""

@@ -67,6 +67,9 @@ class RequestOutput:
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     num_cached_tokens: int = 0
     metrics: dict = field(default_factory=dict)
+    # Ours (vLLM has none): why the cached prefix ends where it does, at the first admission,
+    # beside num_cached_tokens. A str (prefix_cache.CacheMiss): its ``.reason`` names the kind.
+    cache_miss_reason: str | None = None
     # vLLM's fields for features this engine lacks: always their "absent" values.
     lora_request: object = None
     encoder_prompt: str | None = None
