@@ -159,7 +159,7 @@ class EngineCore:
                 result = self.model_runner.run(plan.chunks, self.output_processor.state_of)
             if result is None:  # the weights changed during the forward: the next step re-prefills
                 return
-            self.output_processor.note_cached_tokens(plan)
+            self.output_processor.note_cached_tokens(plan.chunks)
             self.scheduler.commit(plan)
             self.steps += 1
             self.output_processor.process(result)

@@ -18,6 +18,7 @@ Read top to bottom; the chapter's names are kept verbatim (hence their leading u
 4. ``mark_in_flight``            blocks an admitted sequence will compute, so others wait for them
 5. ``_do_prefill_step`` / ``_save_prefix_cache``  register each block a step filled
 6. ``evict`` / ``reset``         what leaves the map
+7. ``_why_stopped``              why a lookup stopped where it did (``CacheMiss``)
 
 ``hash_strategy="recompute"`` is the chapter's "before" column (its Paged Prefix Cache): the chain is
 rebuilt from scratch at every lookup and each block is hashed again when saved, chained
@@ -44,6 +45,8 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Callable, Iterator, Mapping
@@ -73,7 +76,8 @@ class ChainEvent:
     """One thing that happened to one block of one request (see ``PrefixCache.recording``)."""
 
     kind: str              # "hash" (one hash call), "reuse" (a hash read off the Sequence, no
-                           # call), "hit", "miss", "wait", "save", "twin", "evict"; reset():
+                           # call), "hit", "miss" (where a lookup stopped: one per lookup, with
+                           # its reason), "wait", "save", "twin", "evict"; reset():
                            # "forget" (a cached-and-free block), then "clear" if none is left
     request_id: str | None  # None for "evict", "forget", "clear" (no request's block)
     index: int | None       # block index in the sequence; None for those three
@@ -81,7 +85,47 @@ class ChainEvent:
     parent_hash: int | None = None
     block_id: int | None = None
     source: HashSource | None = None
-    reason: str | None = None  # "miss": why that block is not served (section 7)
+    reason: CacheMiss | None = None  # "miss": why the lookup stopped at this block
+
+
+class MissReason(enum.Enum):
+    """Why a lookup stopped where it did: the block it stopped at is not served, because ..."""
+
+    NEVER_SAVED = "no entry for its hash: never saved"
+    EVICTED = "no entry for its hash: evicted"
+    COLLISION = "the entry under its hash holds other tokens (a hash collision)"
+    OTHER_PARENT = "the entry under its hash follows another parent block"
+    OTHER_SALT = "a different cache_salt"
+    PARTIAL_BLOCK = "the tail is a partial block"
+    LAST_TOKEN = "the last token is never served from cache"
+    IN_FLIGHT = "the next block is in flight"
+    NOT_READ = "the request reads no cache"
+    CACHING_OFF = "prefix caching is off"
+
+
+class CacheMiss(str):
+    """Why one lookup stopped: a sentence (it is the str it holds, so it prints as one), and its
+    parts: ``reason``, ``block`` (the block index it stopped at), ``position`` (a collision's
+    first differing token) and ``waited`` (earlier lookups of the same sequence that waited for
+    an in-flight block). A request's output carries its first admission's (``cache_miss_reason``)."""
+
+    reason: MissReason
+    block: int | None
+    position: int | None
+    waited: int
+
+    def __new__(cls, reason: MissReason, block: int | None, text: str, position: int | None = None,
+                waited: int = 0):
+        obj = super().__new__(cls, text)
+        obj.reason, obj.block, obj.position, obj.waited = reason, block, position, waited
+        return obj
+
+    def __reduce__(self):
+        return CacheMiss, (self.reason, self.block, str(self), self.position, self.waited)
+
+
+CACHING_OFF = CacheMiss(MissReason.CACHING_OFF, None, MissReason.CACHING_OFF.value)
+EVICTIONS_REMEMBERED = 4096  # eviction records kept for miss reasons (oldest dropped first)
 
 
 @dataclass
@@ -93,12 +137,11 @@ class PrefixMatch:
     chain: list[int]        # hash of every full block the sequence has (to mark what it computes)
     next_in_flight: bool    # another running sequence is computing the block it needs next
     queried: int = 0        # tokens looked up (0 when the cache was not read)
-    stop_reason: str | None = None  # why no more of the prompt is served (section 7)
 
     @classmethod
-    def nothing(cls, queried: int = 0, reason: str | None = None) -> PrefixMatch:
+    def nothing(cls, queried: int = 0) -> PrefixMatch:
         """No cached prefix, nothing to mark."""
-        return cls([], 0, [], False, queried, reason)
+        return cls([], 0, [], False, queried)
 
 
 class PrefixCache:
@@ -114,11 +157,16 @@ class PrefixCache:
         self._in_flight: dict[int, Sequence] = {}      # hash -> sequence computing it
         self._planned: dict[int, Sequence] = {}        # the same, for this step's admissions
         self._ahead: dict[tuple[bytes, int], int] = {}  # hash_fn results a commit will ask for
-        self._gone: dict[int, str] = {}  # recently evicted or reset hashes -> how (section 7)
         self._computing: dict[Sequence, list[int]] = {}  # sequence -> hashes it marked (never edited in place)
         self.hash_computations = 0
         self.num_evictions = 0
         self._listeners: list[Callable[[ChainEvent], None]] = []
+        # Only for telling why a lookup stopped (section 7); nothing above reads them.
+        self._evicted: OrderedDict[int, str] = OrderedDict()  # hash -> when and for whom it left
+        self._evictions_forgotten = False                      # older records were dropped
+        self._first_blocks: dict[bytes, list[Block]] = {}      # block 0's tokens -> cached block 0s
+        self._stops: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # seq -> its last CacheMiss
+        self._waits: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # seq -> (waits, first)
 
     @property
     def block_size(self) -> int:
@@ -132,13 +180,22 @@ class PrefixCache:
         """The longest cached prefix of ``seq`` (vLLM: ``get_computed_blocks``). A sequence
         that must compute its whole prompt (prompt logprobs) reads nothing, but is counted."""
         if not seq.reads_prefix_cache:
-            return PrefixMatch.nothing(seq.num_tokens, "this request reads no cache (prompt_logprobs: "
-                                                       "every prompt token is computed)")
-        return self._lookup_prefix_cache(seq)
+            match = PrefixMatch.nothing(queried=seq.num_tokens)
+        else:
+            match = self._lookup_prefix_cache(seq)
+        self._why_stopped(seq, match)
+        return match
 
     def cache_blocks(self, seq: Sequence, start: int, end: int) -> list[tuple[int, Block]]:
         """Register the blocks that tokens [start, end) completed (vLLM: ``cache_blocks``)."""
-        return self._do_prefill_step(seq, start, end)
+        twins = self._do_prefill_step(seq, start, end)
+        if start < self.block_size <= end:  # block 0 completed: remembered by its tokens (section 7)
+            self._index_first_block(seq)
+        return twins
+
+    def stop_of(self, seq: Sequence) -> CacheMiss | None:
+        """Why ``seq``'s latest lookup stopped where it did (None: never looked up)."""
+        return self._stops.get(seq)
 
     def root_hash(self, cache_salt: str | None) -> int:
         """The chain's seed: 0, or the salt's hash, so differently salted requests never share.
@@ -192,7 +249,8 @@ class PrefixCache:
         bs, tokens = self.block_size, seq.token_view()
         for index in todo:
             data = tokens[index * bs:(index + 1) * bs].tobytes()
-            self._ahead[data, prev] = prev = self.hash_fn(data, prev)  # keyed by the parent, then on
+            h = self._ahead[data, prev] = self.hash_fn(data, prev)  # keyed by the parent's hash
+            prev = h
 
     def _precompute_block_hashes(self, seq: Sequence, source: HashSource = HashSource.PRECOMPUTED) -> None:
         """The chapter: extend ``seq._block_hashes`` to all its full blocks; a no-op when it is
@@ -236,18 +294,15 @@ class PrefixCache:
         """
         chain = self._chain_for_lookup(seq)
         max_blocks = min((seq.num_tokens - 1) // self.block_size, len(chain))
-        blocks, missed = [], None  # the cached blocks served; why the scan stopped, if it missed
+        blocks: list[Block] = []
         while len(blocks) < max_blocks:
             block = self._prefix_cache.get(chain[len(blocks)])
             if block is None or not self._holds(block, seq, len(blocks), blocks):
-                missed = self._miss_reason(block, seq, len(blocks), chain[len(blocks)])
-                self._trace("miss", seq, len(blocks), chain[len(blocks)], reason=missed)
-                break
+                break  # the "miss" is traced with its reason by ``lookup`` (section 7)
             self._trace("hit", seq, len(blocks), block.block_hash, block_id=block.block_id)
             blocks.append(block)
         next_in_flight = len(blocks) < max_blocks and self._is_in_flight(seq, len(blocks), chain)
-        why = self._stop_reason(seq, len(blocks), missed, next_in_flight)
-        return PrefixMatch(blocks, len(blocks) * self.block_size, chain, next_in_flight, seq.num_tokens, why)
+        return PrefixMatch(blocks, len(blocks) * self.block_size, chain, next_in_flight, seq.num_tokens)
 
     def _holds(self, block: Block, seq: Sequence, index: int, parents: list[Block]) -> bool:
         """True if cached ``block`` holds exactly ``seq``'s block ``index`` after ``parents``."""
@@ -263,10 +318,7 @@ class PrefixCache:
         Admitting ``seq`` now would compute the block twice; one step later it is a hit.
         """
         owner = self._in_flight.get(chain[index]) or self._planned.get(chain[index])
-        if owner is not None and owner is not seq:
-            self._trace("wait", seq, index, chain[index])
-            return True
-        return False
+        return owner is not None and owner is not seq
 
     def mark_in_flight(self, seq: Sequence, match: PrefixMatch) -> None:
         """``seq`` was admitted: the full blocks after its cached prefix are now being computed."""
@@ -338,7 +390,6 @@ class PrefixCache:
         self._in_flight.pop(h, None)
         existing = self._prefix_cache.get(h)
         if existing is None:
-            self._gone.pop(h, None)
             block.set_identity(h, seq.block_bytes(index, self.block_size),
                                parent.lifetime if parent else None, seq.cache_salt)
             self._prefix_cache[h] = block
@@ -351,14 +402,17 @@ class PrefixCache:
 
     # ------------------------------------------------------------------ 6. eviction and reset
 
-    def evict(self, block: Block) -> None:
-        """A free block that still carried a hash is being reused: its entry leaves the map."""
+    def evict(self, block: Block, for_seq: Sequence | None = None) -> None:
+        """A free block that still carried a hash is being reused (for ``for_seq``, when the
+        scheduler says): its entry leaves the map."""
         if self._prefix_cache.get(block.block_hash) is block:
             del self._prefix_cache[block.block_hash]
-            self._note_gone(block.block_hash, "evicted (its block was reused)")
         self._trace("evict", None, None, block.block_hash, block_id=block.block_id)
-        block.forget_identity()
         self.num_evictions += 1
+        whom = f"reused for request {for_seq.request_id!r}" if for_seq is not None else "reused"
+        self._remember_eviction(block, f"the cache's eviction {self.num_evictions}: pool block "
+                                       f"{block.block_id} {whom}")
+        block.forget_identity()
 
     def reset(self) -> bool:
         """Forget every cached-and-free block (in-use blocks keep serving their sequences).
@@ -366,8 +420,8 @@ class PrefixCache:
         for h, block in list(self._prefix_cache.items()):
             if block.ref_count == 0:
                 del self._prefix_cache[h]
-                self._note_gone(h, "dropped by reset_prefix_cache()")
                 self._trace("forget", None, None, h, block_id=block.block_id)
+                self._remember_eviction(block, "forgotten by reset_prefix_cache()")
                 block.forget_identity()
         if not self._prefix_cache:
             self._trace("clear", None, None, None)  # cache events: vLLM's AllBlocksCleared
@@ -382,39 +436,98 @@ class PrefixCache:
     def num_cached_blocks(self) -> int:
         return len(self._prefix_cache)
 
-    # ------------------------------------------------------------------ 7. why a lookup stops
-    # Every lookup says why it served no more than it did: on its "miss" event, on the match,
-    # and (through the engine) in the request's output beside num_cached_tokens.
+    # ------------------------------------------------------------------ 7. why a lookup stopped
+    # Every lookup stops somewhere; ``lookup`` says why, on a "miss" event and per sequence
+    # (``stop_of``: a request's output carries it as ``cache_miss_reason``). Read off the maps and
+    # the match only: no hash is computed, and the chapter's methods never call this.
 
-    def _miss_reason(self, entry: Block | None, seq: Sequence, index: int, block_hash: int) -> str:
-        """Why block ``index`` of ``seq`` is not served: its hash has no entry (never cached,
-        or gone: how), or the entry holds another salt, other tokens (a collision), another parent."""
+    def _why_stopped(self, seq: Sequence, match: PrefixMatch) -> CacheMiss:
+        """Trace the lookup's stop ("miss", then "wait" if it waits) and keep it for ``seq``."""
+        index, chain = len(match.blocks), match.chain
+        h = chain[index] if index < len(chain) else None
+        stop = self._stop_reason(seq, match, index, h)
+        waits, first = self._waits.pop(seq, (0, stop))
+        if stop.reason is MissReason.IN_FLIGHT:
+            self._waits[seq] = (waits + 1, first)
+        elif waits:  # it waited for an in-flight block before: the stop says so
+            stop = CacheMiss(stop.reason, stop.block, f"{stop}; after waiting {waits} step"
+                             f"{'s' * (waits != 1)} for block {first.block}, in flight", stop.position, waits)
+        self._trace("miss", seq, index, h, reason=stop)
+        if stop.reason is MissReason.IN_FLIGHT:
+            self._trace("wait", seq, index, h)
+        self._stops[seq] = stop
+        return stop
+
+    def _stop_reason(self, seq: Sequence, match: PrefixMatch, index: int, h: int | None) -> CacheMiss:
+        bs = self.block_size
+        last = seq.num_tokens - 1
+        if not seq.reads_prefix_cache:
+            return CacheMiss(MissReason.NOT_READ, 0, "block 0: the request reads no cache (it asked "
+                             "for prompt logprobs, so it computes its whole prompt)")
+        if match.next_in_flight and h is not None:
+            owner = self._in_flight.get(h) or self._planned.get(h)
+            who = f"request {owner.request_id!r} is computing it" if owner is not None else "in flight"
+            return CacheMiss(MissReason.IN_FLIGHT, index, f"block {index}: in flight ({who}): the "
+                             f"request waits a step, then it is a hit")
+        if index >= last // bs or h is None:  # every block before the last token's was served
+            if (last + 1) % bs == 0 and h is not None:
+                return CacheMiss(MissReason.LAST_TOKEN, index, f"block {index}: it holds the last "
+                                 f"token (position {last}), which is never served from cache (its "
+                                 f"logits are needed)")
+            return CacheMiss(MissReason.PARTIAL_BLOCK, index, f"block {index}: tokens {index * bs}-"
+                             f"{last} are a partial block (only a full block of {bs} is cached)")
+        entry = self._prefix_cache.get(h)
         if entry is None:
-            gone = self._gone.get(block_hash)
-            return f"block {index}: no entry for its hash ({gone or 'never cached'})"
+            return self._no_entry(seq, index, h)
+        mine, theirs = seq.block_bytes(index, bs), entry.token_bytes or b""
+        if mine != theirs:
+            k = next((k for k in range(bs) if mine[8 * k:8 * k + 8] != theirs[8 * k:8 * k + 8]), 0)
+            return CacheMiss(MissReason.COLLISION, index, f"block {index}: the entry under its hash "
+                             f"(pool block {entry.block_id}) holds other tokens, a hash collision: "
+                             f"they first differ at token position {index * bs + k}", index * bs + k)
         if entry.salt != seq.cache_salt:
-            return f"block {index}: the entry was cached under another cache_salt"
-        if entry.token_bytes != seq.block_bytes(index, self.block_size):
-            return f"block {index}: the entry holds other tokens (a hash collision)"
-        return f"block {index}: the entry follows another parent block"
+            return self._other_salt(index)
+        return CacheMiss(MissReason.OTHER_PARENT, index, f"block {index}: the entry under its hash "
+                         f"(pool block {entry.block_id}) holds these tokens after another parent block "
+                         f"(block {index - 1} was evicted and computed again, or a hash collision)")
 
-    def _stop_reason(self, seq: Sequence, served: int, missed: str | None, waits: bool) -> str:
-        """Why the lookup served ``served`` blocks and no more."""
-        bs, n = self.block_size, seq.num_tokens
-        if waits:
-            return f"block {served} is being computed by another request: this one waits a step"
-        if missed is not None:
-            return missed
-        if n < bs:
-            return f"the prompt ({n} tokens) is shorter than a block ({bs}): nothing to cache"
-        if n % bs == 0 and served == n // bs - 1:
-            return f"block {served} holds the last token, never served (its logits are needed)"
-        return f"the last {n - served * bs} tokens are not a full block"
+    def _no_entry(self, seq: Sequence, index: int, h: int) -> CacheMiss:
+        evicted = self._evicted.get(h)
+        if evicted is not None:
+            return CacheMiss(MissReason.EVICTED, index, f"block {index}: no entry for its hash: "
+                             f"evicted ({evicted})")
+        if index == 0 and any(b.block_hash is not None and b.salt != seq.cache_salt
+                              for b in self._first_blocks.get(seq.block_bytes(0, self.block_size), ())):
+            return self._other_salt(0)
+        older = (f" (or evicted before the last {EVICTIONS_REMEMBERED} evictions, which the cache "
+                 f"remembers)" if self._evictions_forgotten else "")
+        return CacheMiss(MissReason.NEVER_SAVED, index, f"block {index}: no entry for its hash: never "
+                         f"saved{older}")
 
-    def _note_gone(self, block_hash: int, how: str) -> None:
-        self._gone[block_hash] = how
-        if len(self._gone) > 4 * self.block_manager.num_blocks:  # a bounded memory of it
-            del self._gone[next(iter(self._gone))]
+    @staticmethod
+    def _other_salt(index: int) -> CacheMiss:
+        return CacheMiss(MissReason.OTHER_SALT, index, f"block {index}: its tokens are cached under a "
+                         f"different cache_salt (requests with different salts never share blocks)")
+
+    def _remember_eviction(self, block: Block, what: str) -> None:
+        self._evicted[block.block_hash] = what
+        self._evicted.move_to_end(block.block_hash)
+        if len(self._evicted) > EVICTIONS_REMEMBERED:
+            self._evicted.popitem(last=False)
+            self._evictions_forgotten = True
+        if block.parent is None and block.token_bytes is not None:
+            firsts = self._first_blocks.get(block.token_bytes, [])
+            if block in firsts:
+                firsts.remove(block)
+            if not firsts:
+                self._first_blocks.pop(block.token_bytes, None)
+
+    def _index_first_block(self, seq: Sequence) -> None:
+        block = self.block_manager.blocks[seq.block_table[0]]
+        if block.block_hash is not None and block.parent is None:
+            firsts = self._first_blocks.setdefault(block.token_bytes, [])
+            if block not in firsts:
+                firsts.append(block)
 
     # ------------------------------------------------------------------ watching it work
 
@@ -436,7 +549,7 @@ class PrefixCache:
 
     def _trace(self, kind: str, seq: Sequence | None, index: int | None, block_hash: int | None,
                parent_hash: int | None = None, block_id: int | None = None,
-               source: HashSource | None = None, reason: str | None = None) -> None:
+               source: HashSource | None = None, reason: CacheMiss | None = None) -> None:
         if self._listeners:
             event = ChainEvent(kind, seq.request_id if seq else None, index, block_hash,
                                parent_hash, block_id, source, reason)
@@ -457,7 +570,10 @@ class NoPrefixCache(PrefixCache):
     enabled = False
 
     def lookup(self, seq: Sequence) -> PrefixMatch:
-        return PrefixMatch.nothing(reason="prefix caching is off")
+        return PrefixMatch.nothing()
+
+    def stop_of(self, seq: Sequence) -> CacheMiss:
+        return CACHING_OFF
 
     def cache_blocks(self, seq: Sequence, start: int, end: int) -> list[tuple[int, Block]]:
         return []

@@ -265,7 +265,7 @@ class Scheduler:
             reservation.rewind()
             if victim is seq:
                 return None
-        block = self._reserve_fresh(reservation)
+        block = self._reserve_fresh(reservation, seq)
         plan.slots.append((seq, block))
         return seq.block_table + [block.block_id]
 
@@ -286,16 +286,16 @@ class Scheduler:
             return None
         for block in match.blocks:
             reservation.share(block)
-        fresh = [self._reserve_fresh(reservation) for _ in range(num_new)]
+        fresh = [self._reserve_fresh(reservation, seq) for _ in range(num_new)]
         self.prefix_cache.plan_in_flight(seq, match)
         return Admission(seq, match, fresh)
 
-    def _reserve_fresh(self, reservation: Reservation) -> Block:
-        """A fresh block for the plan. One still cached is evicted now: this step's forward
-        will overwrite its K/V, so its entry must be gone whether or not the step commits."""
+    def _reserve_fresh(self, reservation: Reservation, seq: Sequence) -> Block:
+        """A fresh block for ``seq`` in the plan. One still cached is evicted now: this step's
+        forward will overwrite its K/V, so its entry must be gone whether or not the step commits."""
         block = reservation.next_fresh()
         if block.block_hash is not None:
-            self.prefix_cache.evict(block)
+            self.prefix_cache.evict(block, seq)
         return block
 
     # ------------------------------------------------------------------ the commit

@@ -18,7 +18,7 @@ from core.model_runner import StepResult
 from core.outputs import TokenTexts
 from core.requests import RequestState, SequenceState
 from core.sampling_params import RequestOutputKind
-from scheduler import Scheduler, Sequence, StepPlan
+from scheduler import ScheduledChunk, Scheduler, Sequence
 
 NO_TEXTS = TokenTexts(None)  # decoded_token is None where detokenize=False
 
@@ -75,17 +75,16 @@ class OutputProcessor:
 
     # ------------------------------------------------------------------ after a forward
 
-    def note_cached_tokens(self, plan: StepPlan) -> None:
+    def note_cached_tokens(self, chunks: list[ScheduledChunk]) -> None:
         """A sequence's first chunk starts after its cached prefix: vLLM's num_cached_tokens,
-        and why the cache served no more (the admission's lookup). Its request's prompt counts
+        and why the prefix ends there (its admitting lookup's stop). Its request's prompt counts
         once, then (not again after a preemption)."""
-        stops = {admission.seq: admission.match.stop_reason for admission in plan.admissions}
-        for chunk in plan.chunks:
+        for chunk in chunks:
             state = self.seq_states[chunk.seq]
             if state.num_cached_tokens is None:
                 self.prompt_tokens += chunk.seq.num_prompt_tokens if state.index == 0 else 0
                 state.num_cached_tokens = min(chunk.start, chunk.seq.num_prompt_tokens)
-                state.cache_miss_reason = stops.get(chunk.seq)
+                state.cache_miss_reason = self.scheduler.prefix_cache.stop_of(chunk.seq)  # and why
 
     def process(self, result: StepResult) -> None:
         """Store prompt logprobs, append the sampled tokens, emit outputs to their sinks."""

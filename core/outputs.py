@@ -67,9 +67,8 @@ class RequestOutput:
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     num_cached_tokens: int = 0
     metrics: dict = field(default_factory=dict)
-    # Ours, beside vLLM's num_cached_tokens: why the prefix cache served no more of the prompt
-    # (a block never cached or evicted, a collision, another salt, the partial tail, the last
-    # token, a block in flight; prefix_cache.py, section 7).
+    # Ours (vLLM has none): why the cached prefix ends where it does, at the first admission,
+    # beside num_cached_tokens. A str (prefix_cache.CacheMiss): its ``.reason`` names the kind.
     cache_miss_reason: str | None = None
     # vLLM's fields for features this engine lacks: always their "absent" values.
     lora_request: object = None

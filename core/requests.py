@@ -65,7 +65,7 @@ class SequenceState:
     cumulative_logprob: float | None = None
     stop_reason: int | str | None = None
     num_cached_tokens: int | None = None   # prompt tokens served from cache at first admission
-    cache_miss_reason: str | None = None   # why the cache served no more then (prefix_cache.py, 7.)
+    cache_miss_reason: str | None = None   # why that cached prefix ends there (a CacheMiss)
     first_token_time: float | None = None
     finished_time: float | None = None
     sent_tokens: int = 0                   # for DELTA outputs: what the caller has already seen
@@ -166,8 +166,8 @@ class RequestState:
             self.request_id, self.prompt_text, self.prompt_token_ids,
             [s.completion(kind) for s in self.sequences], self.finished,
             prompt_logprobs=prompt_logprobs,
-            num_cached_tokens=self.sequences[0].num_cached_tokens or 0,
-            cache_miss_reason=self.sequences[0].cache_miss_reason, metrics=self.metrics())
+            num_cached_tokens=self.sequences[0].num_cached_tokens or 0, metrics=self.metrics(),
+            cache_miss_reason=self.sequences[0].cache_miss_reason)
 
     def metrics(self) -> dict:
         """Timings (perf_counter seconds): arrival, first token, finish, TTFT."""

@@ -18,7 +18,7 @@ from pathlib import Path
 from types import ModuleType, SimpleNamespace
 
 MODULES = {1: "ex1_snippet_pitfall", 2: "ex2_block_size_8", 3: "ex3_preemption",
-           4: "ex4_weak_hash", 5: "ex5_one_token_changed"}
+           4: "ex4_weak_hash", 5: "ex5_one_token_changed", 6: "ex6_why_it_stopped"}
 
 
 def exercise(number: int) -> ModuleType:

@@ -9,7 +9,8 @@ import re
 from pathlib import Path
 
 ANSWERS = Path(__file__).resolve().parent / "answers.json"
-SYNONYMS = {"true": "yes", "y": "yes", "false": "no", "n": "no", "same": "equal", "less": "fewer"}
+SYNONYMS = {"true": "yes", "y": "yes", "false": "no", "n": "no", "same": "equal", "less": "fewer",
+            "last_token": "last-token", "never_saved": "never-saved", "in_flight": "in-flight"}
 ZH_SYNONYMS = {"是": "yes", "否": "no", "不": "no", "更少": "fewer", "少": "fewer", "相等": "equal",
                "相同": "equal", "一样": "equal", "更多": "more", "多": "more"}
 

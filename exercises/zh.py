@@ -194,6 +194,57 @@ hash 下已经有另一个 block，就不把自己的 block 放进字典。
                "而改变：32 - 18 = 14、16 - 9 = 7、8 - 4 = 4 个新 hash。链式 hash 让一个 block 的 hash 代表"
                "它的整个前缀，所以 lookup 不必比较前面的 block 就能信任一次 hit。",
     },
+    6: {
+        "TITLE": "lookup 为什么停在那里？",
+        "ASKS": ("(a) 原因", "(c) 原因", "(d) 原因", "(e) 原因", "(f) block", "(f) 原因"),
+        "HINT": "只有装满的 block 才会缓存，装着最后一个 token 的 block 从不从 cache 取。请求需要 block "
+                "而没有空闲的时，已缓存但空闲的 block 按最久未用的先复用；一个结束的请求从它的最后一个 "
+                "block 到第一个依次释放。",
+        "DOC": """练习 6：lookup 为什么停在那里？
+
+每次 lookup 都会在某处停下，引擎会说出原因：在 trace 的 "miss" 事件上，也在请求的输出里、
+``num_cached_tokens`` 旁边的 ``cache_miss_reason``（它的 ``.reason``）。各种原因，以及回答时
+用的代号（用英文代号回答）：
+
+    never-saved  这个 block 的 hash 没有条目，也从没有条目离开过字典
+    evicted      这个 block 的 hash 没有条目：它的 pool block 被复用时，条目离开了字典
+    collision    这个 hash 下的条目存着别的 token
+    salt         这个 block 的 token 缓存在另一个 cache_salt 之下
+    partial      已命中的 block 之后剩下的是一个不完整的 block（从不缓存）
+    last-token   下一个 block 装着最后一个 token，它从不从 cache 取
+    in-flight    另一个正在运行的请求正在计算下一个 block（请求等一步）
+
+演示 prompt P 有 {prompt_len} 个 token；block_size 16；pool 有 {pool} 个 block；每个请求只要
+1 个新 token，并且在下一个请求发出之前结束。按顺序：
+
+(a) P 的前 10 个 token；
+(b) P；
+(c) 再发一次 P，作为新请求；
+(d) P 的前 512 个 token；
+(e) 带 ``cache_salt="alice"`` 的 P；
+(f) 另一段文字的 {other} 个 token（它需要的 block 比空闲的多），然后再发一次 P。
+
+预测：
+
+1. (a) 的 lookup 为什么停下（一个代号）；
+2. (c) 的 lookup 为什么停下；
+3. (d) 的 lookup 为什么停下；
+4. (e) 的 lookup 为什么停下；
+5. (f) 里 P 最后一次 lookup 停在哪个 block（它的编号）；
+6. 它为什么停在那里。
+
+之后用 ``python run.py --chain``，或者在 step page 上，看一次运行里的每个原因。
+""",
+        "WHY": "(a) 10 个 token 不到一个 block，而只有完整的 block 才会缓存：没有东西可查，从 cache 拿到 0 个 "
+               "token：partial（比一个 block 短的前缀永远不会 hit）。(c) P 的 32 个完整 block 全部 hit（512 个 "
+               "token）；lookup 停在 block 32，即 token 512-526，一个不完整的 block：partial。(d) 512 个 token "
+               "正好是 32 个 block；block 31 装着最后一个 token（位置 511），采样需要它的 logits，所以它被计算，"
+               "而不是从 cache 取：last-token（从 cache 拿到 496 个 token）。(e) cache_salt 是链的种子，所以 "
+               "block 0 的 hash 不同；同样的 token 已经缓存了，但没有 salt：salt。(f) 另一段文字需要 48 个 "
+               "block；先用不带 hash 的 36 个（100 - 2 x 32 个已缓存），然后按最久未用的先淘汰 12 个已缓存但空闲"
+               "的 block。P 的 block 最后一次由 (d) 释放，从最后一个到第一个，所以 block 31 到 20 被淘汰：P "
+               "hit block 0-19（320 个 token），停在 block 20：evicted，原因里还写着是第几次淘汰、为哪个请求。",
+    },
 }
 
 MESSAGES = {

@@ -11,6 +11,9 @@ requests run:
 3. the same two requests under ``hash_strategy="recompute"`` (the chapter's "before"):
    hash calls per block;
 4. the in-flight wait: two copies sent together; what the second one's wait costs in hashes.
+
+Each part says why each lookup stopped where it did: the reason on the trace's "miss" event,
+which is also the request's ``RequestOutput.cache_miss_reason``.
 """
 from __future__ import annotations
 
@@ -69,6 +72,18 @@ def trace_blocks(events: list[ChainEvent], request_id: str) -> dict[int, BlockTr
         elif e.kind in ("save", "twin"):
             b.saved, b.block_id = e.kind, e.block_id
     return dict(sorted(blocks.items()))
+
+
+def stops(events: list[ChainEvent], request_id: str) -> list[str]:
+    """Why each lookup of ``request_id`` stopped, in order (the "miss" events' reasons)."""
+    return [str(e.reason) for e in events if e.kind == "miss" and e.request_id == request_id]
+
+
+def print_stops(label: str, reasons: list[str]) -> None:
+    """One line per distinct reason, in order, with how many lookups stopped for it."""
+    for reason in dict.fromkeys(reasons):
+        times = reasons.count(reason)
+        print(f"  {label}{reason}" + (f" ({times} lookups)" if times > 1 else ""))
 
 
 def hash_calls(events: list[ChainEvent], request_id: str) -> int:
@@ -240,6 +255,8 @@ def print_wait(results: dict[str, list]) -> None:
         print(f"  {strategy:11s}: request 0 made {hash_calls(events, '0'):>3d} hash calls; request 1 waited "
               f"{waits} step(s) for blocks in flight, was looked up {waits + 1} times and made "
               f"{hash_calls(events, '1'):>3d}")
+        for n, reason in enumerate(stops(events, "1"), 1):
+            print(f"  {'':11s}  request 1's lookup {n} stopped at {reason}")
     print("  The wait's retry costs recompute a whole chain again; incremental reads the chain the "
           "first lookup stored\n  on the Sequence (0 hash calls).")
 
@@ -255,11 +272,16 @@ def main(args) -> int:
     again_events, _ = traced(llm, [prompt], decode)
     cold, again = trace_blocks(cold_events, "0"), trace_blocks(again_events, "1")
     print_cold_and_again(llm, tokens, cold, again, len(prompt))
+    print("  Why each lookup stopped where it did (the \"miss\" event's reason; the request's "
+          "output carries it\n  as cache_miss_reason):")
+    print_stops("cold:  ", stops(cold_events, "0"))
+    print_stops("again: ", stops(again_events, "1"))
     print_cold_count(hash_calls(cold_events, "0"), hash_calls(again_events, "1"), len(prompt) // llm.block_size)
     changed = list(prompt)
     changed[k] = (prompt[k] + 1) % llm.model_config.vocab_size
     changed_events, _ = traced(llm, [changed], 1)
     holds = print_changed(llm, prompt, k, cold, trace_blocks(changed_events, "2"))
+    print_stops("Its lookup stopped at ", stops(changed_events, "2"))
     before = chain_llm(args, "recompute", args.max_num_batched_tokens)
     r_cold = trace_blocks(traced(before, [prompt], decode)[0], "0")
     r_again = trace_blocks(traced(before, [prompt], decode)[0], "1")

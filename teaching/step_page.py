@@ -85,7 +85,7 @@ def seq_snapshot(seq, status: str, block_size: int) -> dict:
 def event_snapshot(e: ChainEvent) -> dict:
     return dict(kind=e.kind, req=e.request_id, index=e.index, hash=short(e.block_hash),
                 parent=short(e.parent_hash), block=e.block_id, source=e.source.value if e.source else "",
-                reason=e.reason or "")
+                reason=str(e.reason) if e.reason is not None else "")
 
 
 @dataclass

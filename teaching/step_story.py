@@ -4,7 +4,7 @@ Every sentence is derived from two snapshots (the engine before and after the st
 step's prefix-cache events; no text is written per step. One line per request that did
 something (a lookup that hit, missed or waited; admitted, or left waiting for lack of room;
 preempted; prefilled, decoded, saved blocks; finished), one for the pool (evictions), one for
-the hash calls. A step in which the only thing that happened is decode tokens is "decode only";
+the hash calls. A lookup's line says where it stopped and why (the "miss" event's reason). A step in which the only thing that happened is decode tokens is "decode only";
 the page folds a run of such steps into one line (``decode_stretches``).
 
 The scheduler's rules the sentences name (scheduler.py): a request is admitted only if the
@@ -103,8 +103,8 @@ class StepStory:
             again = "re-admitted after its preemption" if rid in self.preempted_earlier else "admitted"
             return f"request {rid} {again}: {found}" + self._first_miss(events)
         if self._is(rid, "waiting"):
-            return f"request {rid} stays waiting, no room: {found}" + self._no_room(rid)
-        return f"request {rid}: {found}"
+            return f"request {rid} stays waiting, no room: {found}" + self._first_miss(events) + self._no_room(rid)
+        return f"request {rid}: {found}" + self._first_miss(events)
 
     def _no_room(self, rid: str) -> str:
         """The admission's own numbers (``can_allocate`` as the scheduler called it)."""
@@ -119,14 +119,11 @@ class StepStory:
 
     @staticmethod
     def _first_miss(events: list[dict]) -> str:
+        """Why the lookup stopped where it did: the "miss" event's reason (prefix_cache.CacheMiss)."""
         miss = next((e for e in events if e["kind"] == "miss"), None)
         if miss is None:
             return ""
-        if miss.get("reason"):
-            return f"; it stops at {miss['reason']}"
-        if miss["index"] == 0:
-            return f" (block 0, {miss['hash']}, is not cached)"
-        return f"; block {miss['index']} ({miss['hash']}) is not cached, so the lookup stops there"
+        return f"; it stops at {miss['reason']}"
 
     def _progress(self, rid: str) -> str | None:
         if not self._is(rid, "running"):

@@ -93,6 +93,22 @@ def test_recompute_and_wait_parts_follow_the_rule(chain_output):
     assert int(wait["recompute"]) == 2 * n + last and int(wait["incremental"]) == n
 
 
+def test_each_lookup_says_why_it_stopped(chain_output):
+    """Part 1 prints why the cold and the again lookups stopped, part 2 why the changed prompt's
+    did, part 4 each lookup of the waiting copy: the reasons the engine's "miss" events carry."""
+    _, out, prompt = chain_output
+    n, one = len(prompt) // BLOCK, part(out, 1)
+    assert "cold:  block 0: no entry for its hash: never saved" in one
+    tail = (f"again: block {n - 1}: it holds the last token (position {len(prompt) - 1})" if len(prompt) % BLOCK == 0
+            else f"again: block {n}: tokens {n * BLOCK}-{len(prompt) - 1} are a partial block")
+    assert tail in one
+    assert f"Its lookup stopped at block {CHANGE_AT // BLOCK}: no entry for its hash: never saved" in part(out, 2)
+    waits = re.findall(r"request 1's lookup (\d) stopped at (.*)$", part(out, 4), re.M)
+    assert [w[0] for w in waits] == ["1", "2", "1", "2"]  # both strategies, the same lookups
+    assert all("in flight (request '0' is computing it)" in w[1] for w in waits[::2])
+    assert all("after waiting 1 step for block 0, in flight" in w[1] for w in waits[1::2])
+
+
 def test_change_position_outside_the_prompt_is_refused(llama_dir):
     args = run.parse_args(["--chain", "--model", llama_dir, "--change-at", "100000"])
     with pytest.raises(ValueError, match="--change-at 100000 is outside the prompt"):

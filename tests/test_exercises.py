@@ -91,6 +91,20 @@ def test_one_changed_token(measured):
         assert outcome.changed_hashes == outcome.full_blocks - kept
 
 
+def test_why_it_stopped_reads_each_reason_off_the_output(measured):
+    """Exercise 6: each answer is the request's own ``cache_miss_reason``; the cached tokens agree
+    with where it stopped, and the evicted block's reason says which eviction and for whom."""
+    ex6 = exercise(6)
+    stops = {s.label: s for s in measured(6)}
+    assert [stops[k].code for k in "abcde"] == ["partial", "never-saved", "partial", "last-token", "salt"]
+    for stop in stops.values():
+        assert stop.cached_tokens == 16 * (stop.reason.block or 0)
+    assert stops["d"].reason.block == 512 // 16 - 1  # the block holding the last token
+    evicted = stops["f"].reason
+    assert evicted.block == 20 and "the cache's eviction" in evicted and "for request" in evicted
+    assert ex6.answer(measured(6))[4] == str(evicted.block)
+
+
 def test_listing_names_every_exercise(capsys):
     assert main([]) == 0
     out = capsys.readouterr().out

@@ -1,130 +1,210 @@
-"""Every cache miss says why: the reason is on the lookup's "miss" event, on its match, and in
-the request's output beside ``num_cached_tokens`` (``cache_miss_reason``) -- one test per
-reason: never cached, evicted, dropped by a reset, another cache_salt, a hash collision, the
-partial tail, the last token, shorter than a block, a block in flight, a request that reads
-no cache, caching off."""
+"""Every miss explained: a lookup that stops records why, per request. For each reason
+(prefix_cache.MissReason) a real engine is driven into it, and the reason is on the lookup's
+"miss" event and in the request's output beside ``num_cached_tokens`` (``cache_miss_reason``),
+with its details: when and for whom a block was evicted, where a collision's tokens differ,
+how long a request waited. Finding a reason computes no hash. ``python run.py --chain`` and the
+step page print the same reasons (tests/test_chain_demo.py, tests/test_step_page.py)."""
 from __future__ import annotations
+
+import pickle
 
 import pytest
 
+import prefix_cache
 from block_manager import BlockManager
-from engine import SamplingParams
-from helpers import greedy, make_llm, random_prompt
-from prefix_cache import PrefixCache
+from engine import LLM, SamplingParams
+from prefix_cache import CacheMiss, MissReason, NoPrefixCache, PrefixCache
 from scheduler import Sequence
 
 BS = 4
+ONE = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
 
 
-def output_reason(llm, prompt, **params) -> tuple[int, str]:
-    out = llm.generate([prompt], greedy(2, **params), use_tqdm=False)[0]
-    return out.num_cached_tokens, out.cache_miss_reason
+def engine(llama_dir: str, **kw) -> LLM:
+    return LLM(llama_dir, block_size=BS, device="cpu", dtype="float32", enforce_eager=True,
+               **{"num_kv_blocks": 64, "max_num_seqs": 4} | kw)
 
 
-@pytest.fixture
-def llm(llama_dir):
-    return make_llm(llama_dir, block_size=BS, num_kv_blocks=8)
+def send(llm: LLM, *prompts, params: SamplingParams = ONE, salt: str | None = None):
+    items = [dict(prompt_token_ids=list(p)) | ({"cache_salt": salt} if salt else {}) for p in prompts]
+    return llm.generate(items, params, use_tqdm=False)
 
 
-def test_a_cold_prompt_was_never_cached(llm):
-    assert output_reason(llm, random_prompt(10, 1)) == (0, "block 0: no entry for its hash (never cached)")
+def weak(data: bytes, seed: int) -> int:
+    """Collides on purpose: a block's first token id plus the seed."""
+    return (int.from_bytes(data[:8], "little") + seed) % 2 ** 64
 
 
-def test_the_partial_tail_and_the_last_token(llm):
-    prompt = random_prompt(10, 2)
-    llm.generate([prompt], greedy(1), use_tqdm=False)
-    assert output_reason(llm, prompt) == (8, "the last 2 tokens are not a full block")
-    exact = random_prompt(12, 3)
-    llm.generate([exact], greedy(1), use_tqdm=False)
-    assert output_reason(llm, exact) == (8, "block 2 holds the last token, never served (its logits are needed)")
+P = list(range(100, 122))  # 22 tokens: 5 full blocks of 4 and 2 more
 
 
-def test_shorter_than_a_block(llm):
-    assert output_reason(llm, random_prompt(3, 4)) == (0, "the prompt (3 tokens) is shorter than a block (4): nothing to cache")
+# Each case: (setup and final request) -> that request's output. The output is the last one sent.
+def never_saved(llm):
+    return send(llm, P)[0]
 
 
-def test_evicted_and_dropped_by_a_reset(llm):
-    first = random_prompt(9, 5)
-    llm.generate([first], greedy(1), use_tqdm=False)  # 2 blocks cached
-    llm.generate([random_prompt(28, 6)], greedy(1), use_tqdm=False)  # 7 blocks: 1 of them reused
-    # freed tail first, so the first block outlives the second (its head is the most shared)
-    assert output_reason(llm, first) == (4, "block 1: no entry for its hash (evicted (its block was reused))")
-    again = random_prompt(9, 7)
-    llm.generate([again], greedy(1), use_tqdm=False)
-    assert llm.reset_prefix_cache()
-    assert output_reason(llm, again)[1] == "block 0: no entry for its hash (dropped by reset_prefix_cache())"
+def evicted(llm):
+    send(llm, P)                                  # 6 blocks: 5 cached
+    send(llm, list(range(300, 300 + 4 * 14)))     # needs 14 of the 16: evicts P's blocks 4, 3, 2
+    return send(llm, P)[0]
 
 
-def test_another_cache_salt(llm):
-    prompt = random_prompt(10, 8)
-    llm.generate([{"prompt_token_ids": prompt, "cache_salt": "a"}], greedy(1), use_tqdm=False)
-    # the salt seeds the chain: another salt's hash has no entry at all; the same salt hits
-    out = llm.generate([{"prompt_token_ids": prompt, "cache_salt": "a"}], greedy(1), use_tqdm=False)[0]
-    assert out.num_cached_tokens == 8
-    out = llm.generate([{"prompt_token_ids": prompt, "cache_salt": "b"}], greedy(1), use_tqdm=False)[0]
-    assert out.cache_miss_reason == "block 0: no entry for its hash (never cached)"
+def collision(llm):
+    llm.prefix_cache.hash_fn = weak
+    send(llm, [10, 1, 1, 1, 20, 1, 1, 1, 5])
+    return send(llm, [10, 1, 2, 1, 20, 1, 1, 1, 5])[0]  # block 0 differs at position 2
 
 
-def test_an_entry_of_another_salt_or_other_tokens_is_named():
-    """Under a hash that collides (every block the same hash), the entry found is another
-    request's: other tokens, or the same tokens under another salt."""
-    cache = PrefixCache(BlockManager(num_blocks=8, block_size=BS))
-    cache.hash_fn = lambda data, seed: 7
-    saved = Sequence(list(range(8)), max_tokens=1)
-    saved.block_table = [cache.block_manager.allocate().block_id for _ in range(2)]
-    cache.lookup(saved)
-    cache.cache_blocks(saved, 0, 8)
-    with cache.recording() as events:
-        match = cache.lookup(Sequence(list(range(100, 109)), max_tokens=1))
-    assert match.stop_reason == "block 0: the entry holds other tokens (a hash collision)"
-    assert [e.reason for e in events if e.kind == "miss"] == [match.stop_reason]
-    salted = Sequence(list(range(9)), max_tokens=1, cache_salt="x", root_hash=cache.root_hash("x"))
-    assert cache.lookup(salted).stop_reason == "block 0: the entry was cached under another cache_salt"
+def other_parent(llm):
+    send(llm, P)
+    cache = llm.prefix_cache
+    block0 = cache.entries[next(h for h, b in cache.entries.items() if b.parent is None)]
+    cache.evict(block0)   # as if block 0 alone was reused: block 1's entry stays, after its old parent
+    send(llm, P[:4] + [7, 7, 7, 7, 7])  # block 0 computed and saved again, in a new lifetime
+    return send(llm, P)[0]
 
 
-def test_a_block_in_flight_is_waited_for_then_served(llama_dir):
-    """The engine: the second copy waits while the first computes (the wait's reason is the
-    lookup's), then hits; its output gives the reason of the lookup that admitted it."""
-    llm = make_llm(llama_dir, block_size=BS, max_num_batched_tokens=8)
-    prompt = random_prompt(20, 9)
+def other_salt(llm):
+    send(llm, P)
+    return send(llm, P, salt="alice")[0]
+
+
+def partial_block(llm):
+    return send(llm, P[:3])[0]  # shorter than a block: 0 % hits
+
+
+def last_token(llm):
+    send(llm, P[:20])
+    return send(llm, P[:20])[0]  # 5 full blocks: block 4 holds the last token
+
+
+def in_flight(llm):
+    return send(llm, P, P)[1]  # the second copy waits a step for the first's blocks
+
+
+def not_read(llm):
+    send(llm, P)
+    return send(llm, P, params=SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1))[0]
+
+
+def caching_off(llm):
+    send(llm, P)
+    return send(llm, P)[0]
+
+
+CASES = {MissReason.NEVER_SAVED: (never_saved, {}, 0),
+         MissReason.EVICTED: (evicted, dict(num_kv_blocks=16), 8),
+         MissReason.COLLISION: (collision, {}, 0),
+         MissReason.OTHER_PARENT: (other_parent, {}, 4),
+         MissReason.OTHER_SALT: (other_salt, {}, 0),
+         MissReason.PARTIAL_BLOCK: (partial_block, {}, 0),
+         MissReason.LAST_TOKEN: (last_token, {}, 16),
+         MissReason.IN_FLIGHT: (in_flight, {}, 20),
+         MissReason.NOT_READ: (not_read, {}, 0),
+         MissReason.CACHING_OFF: (caching_off, dict(enable_prefix_caching=False), 0)}
+
+
+def test_every_reason_has_a_case():
+    assert set(CASES) == set(MissReason)
+
+
+@pytest.mark.parametrize("reason", list(MissReason), ids=[r.name for r in MissReason])
+def test_each_reason_is_on_the_miss_event_and_in_the_output(llama_dir, reason):
+    case, kw, cached = CASES[reason]
+    llm = engine(llama_dir, **kw)
     with llm.prefix_cache.recording() as events:
-        outs = llm.generate([prompt, prompt + [5]], greedy(1), use_tqdm=False)
-    assert [e.kind for e in events].count("wait") >= 1
-    assert outs[1].num_cached_tokens == 20
-    assert outs[1].cache_miss_reason == "the last 1 tokens are not a full block"
+        out = case(llm)
+    why = out.cache_miss_reason
+    assert isinstance(why, CacheMiss) and isinstance(why, str) and out.num_cached_tokens == cached
+    misses = [e for e in events if e.kind == "miss" and e.request_id == out.request_id]
+    if reason is MissReason.CACHING_OFF:
+        assert why.reason is reason and not misses  # nothing is looked up
+        return
+    if reason is MissReason.IN_FLIGHT:  # admitted one step later: it says it waited, and why
+        assert [m.reason.reason for m in misses] == [MissReason.IN_FLIGHT, MissReason.PARTIAL_BLOCK]
+        assert why.reason is MissReason.PARTIAL_BLOCK and why.waited == 1
+        assert "after waiting 1 step for block 0" in why and "is computing it" in misses[0].reason
+        assert [e.kind for e in events if e.request_id == out.request_id and e.kind in ("miss", "wait")] == \
+            ["miss", "wait", "miss"]
+        return
+    assert why.reason is reason, why
+    assert misses and misses[-1].reason == why and misses[-1].reason.reason is reason
+    assert misses[-1].index == why.block
 
 
-def test_a_request_that_reads_no_cache_and_caching_off(llama_dir):
-    llm = make_llm(llama_dir, block_size=BS)
-    prompt = random_prompt(10, 11)
-    llm.generate([prompt], greedy(1), use_tqdm=False)
-    cached, why = output_reason(llm, prompt, prompt_logprobs=1)
-    assert cached == 0 and why.startswith("this request reads no cache")
-    off = make_llm(llama_dir, block_size=BS, enable_prefix_caching=False)
-    assert output_reason(off, prompt) == (0, "prefix caching is off")
+def test_the_details_each_reason_gives(llama_dir):
+    """When and for whom a block was evicted; where a collision's tokens differ; the partial tail."""
+    llm = engine(llama_dir, num_kv_blocks=16)
+    why = evicted(llm).cache_miss_reason
+    assert why.block == 2 and "the cache's eviction 3: pool block 2 reused for request '1'" in why
+    why = collision(engine(llama_dir)).cache_miss_reason
+    assert why.block == 0 and why.position == 2 and "first differ at token position 2" in why
+    why = partial_block(engine(llama_dir)).cache_miss_reason
+    assert why.block == 0 and "tokens 0-2 are a partial block" in why
+    why = last_token(engine(llama_dir)).cache_miss_reason
+    assert why.block == 4 and "the last token (position 19)" in why
+    why = other_parent(engine(llama_dir)).cache_miss_reason
+    assert why.block == 1 and "another parent block" in why
 
 
-def test_in_flight_reason_on_the_match():
-    cache = PrefixCache(BlockManager(num_blocks=8, block_size=BS))
-    first, second = Sequence(list(range(12)), max_tokens=1), Sequence(list(range(12)), max_tokens=1)
-    cache.mark_in_flight(first, cache.lookup(first))
-    match = cache.lookup(second)
-    assert match.next_in_flight
-    assert match.stop_reason == "block 0 is being computed by another request: this one waits a step"
+def test_finding_a_reason_hashes_nothing():
+    """The reason is read off the match and the maps: a second lookup of the same Sequence, which
+    hashes nothing, still says why it stopped."""
+    cache = PrefixCache(BlockManager(8, BS))
+    seq = Sequence(list(range(10)), 1)
+    first = cache.lookup(seq)
+    before = cache.hash_computations
+    cache.lookup(seq)
+    assert cache.hash_computations == before and first.num_cached_tokens == 0
+    assert cache.stop_of(seq).reason is MissReason.NEVER_SAVED
 
 
-def test_sampling_params_are_untouched(llama_dir):
-    assert "cache_miss_reason" not in SamplingParams.__struct_fields__
+def test_a_salted_miss_under_a_colliding_root_names_the_salt():
+    """Two salts whose roots collide under a weak hash: the entry holds the same tokens, another salt."""
+    cache = PrefixCache(BlockManager(16, BS))
+    cache.hash_fn = lambda data, seed: (int.from_bytes(data[:8], "little") + seed) % 2 ** 64
+    a = Sequence([10, 1, 1, 1, 5], 1, cache_salt="tenant-A-1", root_hash=cache.root_hash("tenant-A-1"))
+    a.block_table = [cache.block_manager.allocate().block_id for _ in range(2)]
+    cache.lookup(a)
+    cache.cache_blocks(a, 0, 5)
+    b = Sequence([10, 1, 1, 1, 5], 1, cache_salt="tenant-A-2", root_hash=cache.root_hash("tenant-A-2"))
+    assert cache.root_hash("tenant-A-1") == cache.root_hash("tenant-A-2")
+    cache.lookup(b)
+    assert cache.stop_of(b).reason is MissReason.OTHER_SALT
 
 
-def test_the_chain_view_and_the_step_story_carry_the_reason(llm):
-    """run.py --chain's block table keeps each miss's reason; the step page's story tells it."""
-    from teaching.chain_view import trace_blocks
-    from teaching.step_story import StepStory
-    prompt = random_prompt(10, 12)
-    with llm.prefix_cache.recording() as events:
-        out = llm.generate([prompt], greedy(1), use_tqdm=False)[0]
-    blocks = trace_blocks(events, out.request_id)
-    assert blocks[0].miss_reason == "block 0: no entry for its hash (never cached)"
-    miss = {"kind": "miss", "index": 0, "hash": "ab", "reason": blocks[0].miss_reason}
-    assert StepStory._first_miss([miss]) == "; it stops at block 0: no entry for its hash (never cached)"
+def test_old_evictions_are_forgotten_and_the_reason_says_so(monkeypatch):
+    monkeypatch.setattr(prefix_cache, "EVICTIONS_REMEMBERED", 2)
+    cache = PrefixCache(BlockManager(4, BS))
+    seqs = [Sequence(list(range(10 * i, 10 * i + 5)), 1, request_id=str(i)) for i in range(4)]
+    for seq in seqs:  # each saves its block 0, then it is evicted
+        seq.block_table = [cache.block_manager.allocate().block_id]
+        cache.lookup(seq)
+        cache.cache_blocks(seq, 0, 4)
+        cache.block_manager.release(seq.block_table)
+        cache.evict(cache.block_manager.blocks[seq.block_table[0]])
+    again = Sequence(list(range(0, 5)), 1)
+    cache.lookup(again)
+    assert cache.stop_of(again).reason is MissReason.NEVER_SAVED
+    assert "or evicted before the last 2 evictions" in cache.stop_of(again)
+    last = Sequence(list(range(30, 35)), 1)
+    cache.lookup(last)
+    assert cache.stop_of(last).reason is MissReason.EVICTED
+
+
+def test_a_reason_survives_pickling_and_the_cache_off_has_one():
+    why = CacheMiss(MissReason.COLLISION, 3, "block 3: ...", position=13, waited=1)
+    back = pickle.loads(pickle.dumps(why))
+    assert (back, back.reason, back.block, back.position, back.waited) == (why, why.reason, 3, 13, 1)
+    off = NoPrefixCache(BlockManager(2, BS))
+    assert off.stop_of(Sequence([1, 2, 3], 1)).reason is MissReason.CACHING_OFF
+
+
+def test_a_commits_saves_call_no_hash_function():
+    """prepare_saves hashes ahead what the saves need, keyed by the block and its parent's hash,
+    so a commit's saves never call hash_fn (a swapped one that raises cannot stop a commit half
+    way) -- under both strategies, over chunked prefill and decode."""
+    from track.lifecycle import hashes_in_commits
+    for strategy in ("incremental", "recompute"):
+        counts = hashes_in_commits(PrefixCache, strategy)
+        assert counts["hash_fn calls by the saves"] == 0 < counts["hash_fn calls in all"], strategy

@@ -122,6 +122,7 @@ def recorded(llama_dir, tmp_path_factory):
             running=[s.request_id for s in llm.scheduler.running],
             waiting=[s.request_id for s in llm.scheduler.waiting],
             events=[(e.kind, e.request_id) for e in events[keep.seen[strategy]:]],
+            reasons=[str(e.reason) for e in events[keep.seen[strategy]:] if e.kind == "miss"],
             kinds=Counter(e.kind for e in events[keep.seen[strategy]:]))
         keep.seen[strategy] = len(events)
     keep.seen = dict.fromkeys(step_page.STRATEGIES, 0)
@@ -277,6 +278,25 @@ def test_workload_plays_every_scene(recorded):
     decode_hits = [e for s in follow_up for e in s["incremental"]["events"]
                    if e["kind"] == "hit" and (e["index"] + 1) * 4 > 19]  # request 0's prompt: 19 tokens
     assert decode_hits, "the follow-up turn hits a block completed during decode"
+
+
+def test_every_lookup_on_the_page_says_why_it_stopped(recorded):
+    """Each "miss" event the page shows carries the engine's reason, and the story of an admitted or
+    waiting-for-room request says where its lookup stopped and why."""
+    data, truth, _ = recorded
+    told = 0
+    for n, step in enumerate(data["steps"], 1):
+        for strategy in step_page.STRATEGIES:
+            misses = [e for e in step[strategy]["events"] if e["kind"] == "miss"]
+            assert [e["reason"] for e in misses] == truth[strategy, n]["reasons"]
+            lines = step[strategy]["story"]["lines"]
+            for e in misses:
+                line = next(line for line in lines if line.startswith(f"request {e['req']} ")
+                            and " is preempted: " not in line)
+                if " waits: " not in line:
+                    assert f"it stops at {e['reason']}" in line, line
+                    told += 1
+    assert told >= 10
 
 
 def test_page_fetches_nothing(recorded):

@@ -5,6 +5,7 @@ with a message that names the scenario and what differed but never a hash of the
 command works; the English and Chinese instructions name the same files, steps and commands."""
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -61,6 +62,51 @@ def test_the_checks_are_not_vacuous():
     assert oracle(track.checks.in_flight)["next_in_flight of the lookup"] is True
     collided = oracle(track.checks.collision)
     assert collided["cached tokens of the lookup"] == 0 and collided["hash calls of the lookup"] > 0
+
+
+def test_the_life_of_a_sequence_is_checked_not_just_one_lookup():
+    """The scenarios of track/lifecycle.py really preempt, re-admit the same Sequence with its chain
+    filled, evict while it waits, free a twin's copy, and hit block multiples; and the one that
+    says a request is computing a block has that request admitted and committed."""
+    from track import collisions
+    decode = oracle(next(s.script for s in scenarios_of(4) if "preempted during decode" in s.name))
+    calls = decode["hash calls of each lookup of second"]
+    assert decode["preemptions"] == 1 and len(calls) > 3 and calls[1] == 1 and not any(calls[2:])
+    assert decode["cached tokens at each lookup of second"][1] > 0  # its own cached blocks, generated ones too
+    mid = {s.name: oracle(s.script) for s in scenarios_of(5) if "middle of a chunked prefill" in s.name}
+    evicting = next(v for k, v in mid.items() if "evicted while it waits" in k)
+    assert evicting["preemptions"] == 1 and any("evicted" in why for why in evicting["why each lookup of long stopped"])
+    assert evicting["cached tokens at each lookup of long"][-1] < max(evicting["cached tokens at each lookup of long"])
+    for s in scenarios_of(4) + scenarios_of(5):
+        if "freed copy" in s.name or "freed copies" in s.name:
+            twin = oracle(s.script)
+            assert twin["blocks that carry a hash"] == twin["cache entries"] == 32, s.name
+            assert twin["evictions after the other request"] == 0
+    at512 = oracle(next(s.script for s in scenarios_of(5) if "512 tokens (exactly" in s.name))
+    assert at512["cold request: hash calls"] == 64 and at512["new Sequence: hash calls at save"] == 1
+    for s in scenarios_of(4) + scenarios_of(5):
+        if "commit's saves" in s.name:
+            assert oracle(s.script)["hash_fn calls by the saves"] == 0 < oracle(s.script)["hash_fn calls in all"]
+    waits = oracle(collisions.in_flight_behind_collision)
+    assert waits["next_in_flight of d's lookup"] is True and "request 'c' is computing it" in waits["why d's lookup stopped"]
+
+
+def test_a_check_never_builds_or_loads_the_kernels(tmp_path):
+    """Steps 4 and 5 run a real generate on the plain path: fast/kernels.py is never imported, no
+    extension is built (a fresh TORCH_EXTENSIONS_DIR stays empty), and the slow part is announced
+    before it starts."""
+    script = ("import sys\nfrom track.__main__ import main\nrc = main(['check', '4', '--impl', 'reference'])\n"
+              "print('KERNELS LOADED:', 'fast.kernels' in sys.modules)\nsys.exit(rc)\n")
+    extensions = tmp_path / "torch_extensions"
+    extensions.mkdir()
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(extensions)}
+    run = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300, env=env)
+    assert run.returncode == 0, run.stdout + run.stderr
+    out = run.stdout
+    assert "KERNELS LOADED: False" in out and not any(extensions.iterdir())
+    notice = out.index("... next: a real generate on the demo model (plain path, no compiled kernels)")
+    assert notice < out.index("ok   a real generate on the demo model (incremental)")
 
 
 # A learner's class that wrote every step as the reference did; each mistake below changes one
@@ -488,3 +534,11 @@ def test_the_track_never_loads_the_fast_layer():
             "[m for m in sys.modules if m.startswith('fast')]\n")
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-2000:]
+def test_the_track_readmes_claim_only_what_is_checked():
+    """The number of wrong implementations the READMEs state is this file's list; neither promises
+    that every wrong implementation fails, nor a check time that a step's real generate exceeds."""
+    n = len({m[0] for m in MISTAKES})
+    assert f"keeps {n} plausible wrong implementations" in " ".join(README["en"].split())
+    assert f"列出的{n}种看似合理的错误实现" in "".join(README["zh"].split())
+    assert "三十来种" not in README["zh"] and "2 到 5 秒" not in README["zh"]
+    assert "about 2 s" not in README["en"] and "15 s" in README["en"] and "15 秒" in README["zh"]

@@ -2,8 +2,9 @@
 
 The block manager, the scheduler and the model are given; the prefix cache's chapter methods
 are emptied (track/skeleton.py) and you write them back in five steps, checked one at a time
-against the engine itself as the oracle (track/checks.py): hash counts per scenario (the
-chapter's table), the chain's values, the hits, and the tokens of a real ``generate``.
+against the engine itself as the oracle (track/checks.py, collisions.py, lifecycle.py): hash
+counts per scenario (the chapter's table), the chain's values, the hits, a sequence's whole life
+(preemption, re-admission, twins), and the tokens of a real ``generate``.
 ``python -m track`` lists the steps; track/README.md (English) and track/README.zh-CN.md
 (Chinese) are the instructions. The reference solution is the engine's own prefix_cache.py.
 

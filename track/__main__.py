@@ -34,11 +34,13 @@ def check(number: int, impl: str, only: bool) -> int:
     print(f"step {number}: {s.title} ({', '.join(s.methods)}); {impl}: {mine}, the engine's code "
           f"for the rest")
     begin = time.perf_counter()
-    results = run_step(number, cls)
-    for r in results:
+
+    def show(r) -> None:
         print(f"  {'ok  ' if r.ok else 'FAIL'} {r.scenario}")
         for line in r.message().splitlines():
             print(f"         {line}")
+        sys.stdout.flush()
+    results = run_step(number, cls, on_result=show, on_slow=lambda what: print(f"  ... next: {what}", flush=True))
     failed = sum(not r.ok for r in results)
     verdict = "passed" if not failed else f"{failed} of {len(results)} scenarios failed"
     print(f"step {number} {verdict} ({time.perf_counter() - begin:.1f} s)")

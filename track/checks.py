@@ -9,7 +9,9 @@ block is the first to differ.
 
 The prompt is the chapter's table's: the demo model's prompt 0, 527 tokens, block_size 16,
 N = 32 full blocks. Every scenario but the real ``generate`` runs without a model
-(teaching/model_free.py's idea: hashing never reads K/V), so a step's check takes seconds.
+(teaching/model_free.py's idea: hashing never reads K/V), and the real ``generate`` runs on the
+plain path (no compiled kernels are built or loaded), so a step's check takes seconds. A lookup's
+observations include why it stopped (``PrefixCache.stop_of``, read off your match).
 """
 from __future__ import annotations
 
@@ -59,6 +61,11 @@ def describe(name: str, mine, engine) -> str:
             agree = f"blocks 0 to {first - 1} agree" if first else "it is the first block"
             return f"{name}: block {first}'s hash differs from the engine's ({agree})"
         return f"{name}: yours has {len(mine)} hashes, the engine's {len(engine)}"
+    if isinstance(mine, list) and isinstance(engine, list) and len(engine) > 4:  # name the first difference
+        first = next((i for i, (a, b) in enumerate(zip(mine, engine)) if a != b), None)
+        if first is None:
+            return f"{name}: yours has {len(mine)} items, the engine's {len(engine)}"
+        return f"{name}: item {first} differs: yours {mine[first]!r}, the engine's {engine[first]!r}"
     return f"{name}: yours {mine!r}, the engine's {engine!r}"
 
 
@@ -92,8 +99,9 @@ def scenarios_of(step: int) -> list[Scenario]:
     return [s for s in SCENARIOS if s.step == step]
 
 
-def new_cache(cls: type[PrefixCache], strategy: str = "incremental", hash_fn=None) -> PrefixCache:
-    cache = cls(BlockManager(POOL, BLOCK), strategy)
+def new_cache(cls: type[PrefixCache], strategy: str = "incremental", hash_fn=None, pool: int = POOL,
+              block: int = BLOCK) -> PrefixCache:
+    cache = cls(BlockManager(pool, block), strategy)
     if hash_fn is not None:
         cache.hash_fn = hash_fn
     return cache
@@ -235,6 +243,8 @@ def match_of(cache: PrefixCache, seq: Sequence, label: str = "the lookup") -> di
     out[f"next_in_flight of {label}"] = match.next_in_flight
     out[f"tokens queried by {label}"] = match.queried
     out[f"the chain {label} returns"] = Chain(match.chain)
+    stop = cache.stop_of(seq)  # why it stopped there: read off the match and the maps (given code)
+    out[f"why {label} stopped"] = None if stop is None else str(stop)
     return out
 
 
@@ -489,8 +499,8 @@ GENERATE_TOKENS = 6
 
 @functools.lru_cache(maxsize=1)
 def demo_backend():
-    """The plain path: the track never builds or loads the fast layer's C++ kernels (a check
-    must not sit silent while they compile), and the hashing it checks is the same on every path."""
+    """The demo model on the plain path (model.py's attention and linears): a check never builds
+    or loads the fast layer's C++ kernels (fast/kernels.py), so it never waits for a compiler."""
     import torch
 
     from core.backend import Backend
@@ -499,16 +509,22 @@ def demo_backend():
     return Backend(load_model(str(DEMO_MODEL), "float32", torch.device("cpu")))
 
 
+def engine_core_class():
+    """``EngineCore``: the step loop, engine.py."""
+    from engine import EngineCore
+    return EngineCore
+
+
 def real_generate(cls, strategy: str) -> dict:
     """Greedy tokens of the two rounds on an engine core built around ``cls``, and its counters."""
-    from engine import EngineCore
     from core.sampling_params import RequestOutputKind, SamplingParams
     from core.submit import Request
 
     backend = demo_backend()
-    core = EngineCore.build(backend.model, 160, block_size=BLOCK, backend=backend,
-                            max_num_batched_tokens=1024, hash_strategy=strategy,
-                            eos_token_ids=backend.model.config.eos_token_ids, prefix_cache_cls=cls)
+    core = engine_core_class().build(backend.model, 160, block_size=BLOCK, backend=backend,
+                                     max_num_batched_tokens=1024, hash_strategy=strategy,
+                                     eos_token_ids=backend.model.config.eos_token_ids,
+                                     prefix_cache_cls=cls)
     params = SamplingParams(temperature=0.0, max_tokens=GENERATE_TOKENS, ignore_eos=True)
     out = {}
     for r, requests in enumerate(GENERATE_ROUNDS, 1):
@@ -516,7 +532,10 @@ def real_generate(cls, strategy: str) -> dict:
                                    list(demo_prompt(i)), params, cache_salt=salt,
                                    output_kind=RequestOutputKind.FINAL_ONLY) for i, salt in requests])
         while core.has_unfinished:
-            out.update({f"tokens of {o.request_id}": o.token_ids for o in core.step()})
+            for o in core.step():
+                out[f"tokens of {o.request_id}"] = o.token_ids
+                out[f"cached tokens of {o.request_id}"] = o.num_cached_tokens
+                out[f"why {o.request_id}'s cached prefix ends there"] = str(o.cache_miss_reason)
     stats = core.stats()
     for key in ("hash_computations", "prefix_cache_hits", "prompt_tokens_computed", "blocks_cached"):
         out[f"stats()[{key!r}]"] = stats[key]

@@ -182,14 +182,44 @@ scenario(5, "a salted prompt seen before, looked up with the same cache_salt, un
 
 # ------------------------------------------------------------------ step 3: in flight, at the edges
 
+WAIT_BEHIND_COLLISION_RULE = ("when the lookup stops, it reports whether another running request is "
+                              "computing that block, whatever the map holds under its hash (an entry that "
+                              "fails _holds is no hit)")
+
+
 @scenario(3, "weak hash_fn: a lookup misses on a collided entry while another request computes the block",
-          rule="when the lookup stops, it reports whether another running request is computing that "
-               "block, whatever the map holds under its hash (an entry that fails _holds is no hit)")
+          rule=WAIT_BEHIND_COLLISION_RULE)
 def in_flight_behind_collision(cls):
-    cache, scheduler = weak_setup(cls, "incremental")
+    """"c" is admitted and committed, its first chunk (8 tokens) leaving block 0 unwritten: both
+    its blocks are in flight; "d" with c's tokens misses on a's block under block 0's hash."""
+    cache, scheduler = weak_setup(cls, "incremental", budget=BLOCK // 2)
     scheduler.add(new_seq(cache, weak_tokens(10, 20, fill=3), "c"))
-    scheduler.schedule()  # "c" admitted: its blocks are in flight, not computed yet
+    scheduler.commit(scheduler.schedule())  # c admitted, tokens 0-7 computed: no block saved yet
     return match_of(cache, new_seq(cache, weak_tokens(10, 20, fill=3), "d"), "d's lookup")
+
+
+@scenario(3, "weak hash_fn: in the same step's plan, a lookup misses on a collided entry an admission "
+             "planned just before will compute", rule=WAIT_BEHIND_COLLISION_RULE + "; an admission "
+             "planned earlier in the same step counts as computing it (plan_in_flight)")
+def planned_behind_collision(cls):
+    """"c" and "d" (the same tokens) are planned in one step: c's admission is planned first,
+    then d's lookup runs against the plan's marks; nothing is committed."""
+    cache, scheduler = weak_setup(cls, "incremental")
+    c, d = (new_seq(cache, weak_tokens(10, 20, fill=3), name) for name in "cd")
+    watched = {}
+    inner = cache.lookup
+
+    def lookup(seq):
+        match = inner(seq)
+        if seq is d:
+            watched["next_in_flight of d's lookup"] = match.next_in_flight
+            watched["cached tokens of d's lookup"] = match.num_cached_tokens
+        return match
+    cache.lookup = lookup
+    scheduler.add(c)
+    scheduler.add(d)
+    plan = scheduler.schedule()
+    return watched | {"requests the plan admits": [a.seq.request_id for a in plan.admissions]}
 
 
 @scenario(3, "a prompt of exactly 32 full blocks while another request computes its last block",

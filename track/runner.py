@@ -9,9 +9,10 @@ from __future__ import annotations
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from prefix_cache import PrefixCache
-from track import collisions  # noqa: F401 -- registers the collision scenarios of steps 4 and 5
+from track import collisions, lifecycle  # noqa: F401 -- register the scenarios of those files
 from track.checks import SCENARIOS, Scenario, differences, oracle, scenarios_of
 
 __all__ = ["SCENARIOS", "Result", "Scenario", "run_scenario", "run_step"]
@@ -40,7 +41,7 @@ def run_scenario(s: Scenario, cls: type[PrefixCache]) -> Result:
     return Result(s.name, not problems, problems, s.rule)
 
 
-HARNESS = ("checks.py", "collisions.py", "runner.py", "test_steps.py", "conftest.py")  # the track's own files
+HARNESS = ("checks.py", "collisions.py", "lifecycle.py", "runner.py", "test_steps.py", "conftest.py")  # the track's own files
 
 
 def raised(exc: Exception) -> str:
@@ -51,6 +52,21 @@ def raised(exc: Exception) -> str:
     return f"your code raised {type(exc).__name__}: {exc}{where}"
 
 
-def run_step(number: int, cls: type[PrefixCache], with_model: bool = True) -> list[Result]:
-    """Every scenario of step ``number`` on ``cls`` (already composed, see track.implementation)."""
-    return [run_scenario(s, cls) for s in scenarios_of(number) if with_model or not s.needs_model]
+SLOW = "a real generate on the demo model (plain path, no compiled kernels): a few seconds"
+
+
+def run_step(number: int, cls: type[PrefixCache], with_model: bool = True,
+             on_result: Callable[[Result], None] | None = None,
+             on_slow: Callable[[str], None] | None = None) -> list[Result]:
+    """Every scenario of step ``number`` on ``cls`` (already composed, see track.implementation).
+    ``on_result`` sees each result as it comes; ``on_slow`` is told before a slow scenario starts."""
+    results = []
+    for s in scenarios_of(number):
+        if s.needs_model and not with_model:
+            continue
+        if s.needs_model and on_slow is not None:
+            on_slow(SLOW)
+        results.append(run_scenario(s, cls))
+        if on_result is not None:
+            on_result(results[-1])
+    return results
