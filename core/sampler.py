@@ -78,7 +78,8 @@ class Sampler:
         """logits: float32 [B, V], one row per sequence (anything with ``sampling_params``,
         ``tokens``, ``num_prompt_tokens``, ``num_tokens``, ``num_output_tokens``)."""
         params = [s.sampling_params for s in seqs]
-        logits = apply_grammars(logits, seqs)  # structured outputs: before everything, as vLLM
+        if any(getattr(s, "grammar", None) is not None for s in seqs):  # structured outputs:
+            logits = apply_grammars(logits, seqs)  # before everything else, as in vLLM
         for processor in self.batch_processors:
             processor.update_batch(seqs)
         processed = self._apply_logits_processors(logits, seqs)

@@ -103,14 +103,19 @@ class SamplingParams:
         return not self.skip_reading_prefix_cache and self.prompt_logprobs is None
 
     def clone(self) -> "SamplingParams":
-        """A deep copy (what the engine keeps at submission, as vLLM does)."""
-        return copy.deepcopy(self)
+        """A deep copy (what the engine keeps at submission, as vLLM does): the fields deep-copied
+        into a new object of the same class, which is what ``copy.deepcopy`` does, without its
+        probes for ``__deepcopy__`` and ``__setstate__`` (a subclass may answer missing names)."""
+        own = object.__new__(type(self))
+        own.__dict__.update(copy.deepcopy(self.__dict__))
+        return own
 
     def check_against(self, vocab_size: int, max_logprobs: int = DEFAULT_MAX_LOGPROBS,
                       tokenizer=None) -> None:
         """Re-check every field (the object may have been mutated since construction), then
-        the vocabulary-bounded values; and tokenize ``bad_words``. Call on a ``clone()``."""
-        self._validate()
+        the vocabulary-bounded values; and tokenize ``bad_words``. Call on a ``clone()``. The
+        core's own rules: a subclass's fields (the vLLM layer's) are checked at its own intake."""
+        SamplingParams._validate(self)
         limit = vocab_size if max_logprobs == -1 else min(max_logprobs, vocab_size)
         for name in ("logprobs", "prompt_logprobs"):
             _check_logprob_count(name, getattr(self, name), vocab_size, limit, max_logprobs)

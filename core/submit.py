@@ -127,7 +127,9 @@ def own_params(params: SamplingParams, num_prompt_tokens: int, limits: Limits, t
     if not isinstance(params, SamplingParams):
         raise TypeError(f"sampling_params must be SamplingParams, got {type(params).__name__}")
     own = params.clone()
-    own.check_against(limits.vocab_size, limits.max_logprobs, tokenizer)
+    # The core's checks, whatever the class: a subclass's own fields are its layer's to check
+    # (the vLLM layer's, at its intake), so a request never bounces back up through it.
+    SamplingParams.check_against(own, limits.vocab_size, limits.max_logprobs, tokenizer)
     if own.max_tokens is None:
         room = limits.max_model_len - num_prompt_tokens  # >= 1: check_prompt_length ran first
         own.max_tokens = room

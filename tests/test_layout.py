@@ -187,3 +187,22 @@ def test_importing_the_engine_opens_no_json_and_loads_no_vllm_layer():
             "assert engine.EngineCore and engine.LLM.__name__ == 'LLM' and engine.__version__ == '0.32.0'\n")
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
+
+
+def test_a_request_travels_through_few_files_and_reads_no_vllm_table():
+    """Issue 47's measure (tools/request_path.py): a follow-up 3-token request on the plain path
+    enters at most 14 project files with at most 200 calls from one into another, and opens no
+    JSON; importing, building the LLM and generating read none of the project's JSON (vLLM's
+    listings): a fresh interpreter, an audit hook on open."""
+    import subprocess
+    import sys
+    code = ("import sys; opened = []\n"
+            "sys.addaudithook(lambda e, a: opened.append(str(a[0])) if e == 'open' and str(a[0]).endswith('.json') else None)\n"
+            "from tools.request_path import tiny_llama, trace_follow_up\n"
+            "files, calls, during = trace_follow_up()\n"
+            "assert len(files) <= 14 and calls <= 200 and during == [], (files, calls, during)\n"
+            "import os; ours = [p for p in opened if os.path.abspath(p).startswith(os.getcwd())]\n"
+            "assert ours == [], ours\n"
+            "print(len(files), calls)\n")
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]

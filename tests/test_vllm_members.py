@@ -136,3 +136,32 @@ def test_statuses_cover_every_member():
 def test_the_docs_carry_the_current_member_table():
     text = DOC.read_text()
     assert rewrite(text) == text, "run: python -m tools.vllm_surface_doc"
+
+
+def test_refusal_tables_name_only_vllm_members_the_class_lacks(objects):
+    """A refusal is made when asked for (refusals.py), so the tables are checked here: each
+    name is a member of vLLM's class, implemented nowhere in ours, in vLLM's kind when read on
+    the class itself."""
+    wrong = []
+    for cls, obj in objects.items():
+        klass, listing = type(obj), vllm_members()[cls]["members"]
+        for name in klass.REFUSED_MEMBERS:
+            if name not in listing:
+                wrong.append(f"{cls}.{name}: not a vLLM member")
+            elif any(name in vars(k) for k in klass.__mro__):
+                wrong.append(f"{cls}.{name}: implemented")
+            elif listing[name]["kind"] == "async method" and not inspect.iscoroutinefunction(
+                    getattr(klass, name)):
+                wrong.append(f"{cls}.{name}: not async")
+            elif name not in dir(obj):
+                wrong.append(f"{cls}.{name}: missing from dir()")
+    assert wrong == []
+
+
+def test_refused_class_methods_raise_on_the_class(objects):
+    """vLLM's class and static methods are called on the class (``LLMEngine.from_vllm_config``)."""
+    for cls, name, member in members(("classmethod", "staticmethod")):
+        refusal = refusal_of(type(objects[cls]), name)
+        if refusal is not None:
+            with pytest.raises(UnsupportedFeatureError, match=refusal[0].split(":")[0][:30]):
+                getattr(type(objects[cls]), name)()

@@ -24,14 +24,14 @@ from vllm_api.errors import EngineDeadError, VLLMValidationError
 from vllm_api.intake import reject_unsupported
 from vllm_api.llm_engine import LLMEngine
 from vllm_api.llm_extras import check_sleep_level
-from vllm_api.refusals import refuses
+from vllm_api.refusals import Refusing, refuses
 from vllm_api.step_loop import StepLoop
 
 PAUSE_MODES = ("abort", "wait", "keep")
 
 
 @refuses("AsyncLLM", ASYNC_REFUSED)
-class AsyncLLM:
+class AsyncLLM(Refusing):
     """``AsyncLLM(model, **engine_args)``, or ``AsyncLLM.from_engine_args(AsyncEngineArgs(...))``."""
 
     log_requests = False  # the engine logs no requests and no statistics

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import typing
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ from pathlib import Path
 from vllm_api.config import EngineConfig
 from vllm_api.engine_arg_refusals import FEATURE_OF, check_off
 from vllm_api.errors import refuse
-from vllm_api.refusals import refuses, vllm_members
+from vllm_api.refusals import Refusing, refuses, vllm_members
 
 ONE_DEVICE = "this engine runs in one process on one device"
 DEMO_MODEL = str(Path(__file__).resolve().parent.parent / "demo_model")
@@ -262,13 +263,23 @@ ENGINE_ARGS_DOC = """vLLM's ``EngineArgs``, a dataclass as vLLM's is (``dataclas
 built (``LLMEngine.from_engine_args``). ``add_cli_args`` / ``from_cli_args`` cover the
 arguments this engine implements and the vLLM names it accepts (see the tables above)."""
 
-EngineArgs = refuses("EngineArgs", ENGINE_ARGS_REFUSED)(dataclasses.make_dataclass(
-    "EngineArgs", _engine_args_fields(), bases=(EngineArgsMethods,),
-    namespace={"__doc__": ENGINE_ARGS_DOC, "__module__": __name__}))
+@functools.cache
+def _engine_args_classes() -> tuple[type, type]:
+    """``EngineArgs`` and ``AsyncEngineArgs``, built from vLLM's field listing the first time a
+    script asks for either (the engine itself never needs them)."""
+    engine_args = refuses("EngineArgs", ENGINE_ARGS_REFUSED)(dataclasses.make_dataclass(
+        "EngineArgs", _engine_args_fields(), bases=(EngineArgsMethods, Refusing),
+        namespace={"__doc__": ENGINE_ARGS_DOC, "__module__": __name__}))
+    async_engine_args = type("AsyncEngineArgs", (engine_args,), {
+        "__doc__": "vLLM's ``AsyncEngineArgs``: the same arguments, for "
+                   "``AsyncLLM.from_engine_args``.", "__module__": __name__})
+    return engine_args, async_engine_args
 
 
-class AsyncEngineArgs(EngineArgs):
-    """vLLM's ``AsyncEngineArgs``: the same arguments, for ``AsyncLLM.from_engine_args``."""
+def __getattr__(name: str):
+    if name in ("EngineArgs", "AsyncEngineArgs"):
+        return _engine_args_classes()[name == "AsyncEngineArgs"]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _flag(name: str) -> str:

@@ -18,7 +18,7 @@ from prefix_cache import PrefixCache
 from vllm_api.beam_search import beam_search
 from vllm_api.checkpoint_files import read_template, render_chat
 from vllm_api.errors import refuse
-from vllm_api.intake import reject_unsupported
+from vllm_api.intake import add_requests, reject_unsupported
 from vllm_api.llm_engine import LLMEngine
 from vllm_api.llm_extras import LLMExtras
 from vllm_api.member_refusals import LLM_REFUSED
@@ -88,8 +88,8 @@ class LLM(LLMExtras):
         caller = Caller()  # alive while this call is: its requests are dropped once it is gone
         sink = OutputSink(takes_aborted=True, owner=caller)
         try:
-            states = self.llm_engine.add_requests(requests, RequestOutputKind.FINAL_ONLY, sink,
-                                                  priorities=_priority_list(priority, prompts))
+            states = add_requests(self.llm_engine, requests, RequestOutputKind.FINAL_ONLY, sink,
+                                  priorities=_priority_list(priority, prompts))
             self._run(sink, len(states), use_tqdm)
         finally:  # on an error, leave nothing of this call behind (and touch nobody else's)
             self.llm_engine.engine_core.cancel(sink)
@@ -105,13 +105,23 @@ class LLM(LLMExtras):
     def _run(self, sink: OutputSink, num_requests: int, use_tqdm) -> None:
         """``use_tqdm``: False, True (tqdm's bar) or, as in vLLM, the factory of the bar."""
         if not use_tqdm:
-            return self.llm_engine.run_until_finished(sink, num_requests)
+            return self._run_until(sink, num_requests)
         from tqdm.auto import tqdm
         factory = use_tqdm if callable(use_tqdm) else tqdm
         with factory(total=num_requests, desc="Processed prompts", dynamic_ncols=True) as bar:
             while sink.num_finished < num_requests:
-                self.llm_engine.run_until_finished(sink, sink.num_finished + 1)
+                self._run_until(sink, sink.num_finished + 1)
                 bar.update(sink.num_finished - bar.n)
+
+    def _run_until(self, sink: OutputSink, num_finished: int) -> None:
+        """Step the core until ``sink`` holds ``num_finished`` finished requests; KV events
+        (when enabled) published after."""
+        engine = self.llm_engine
+        try:
+            engine.engine_core.run_until_finished(sink, num_finished)
+        finally:
+            if engine.kv_events is not None:
+                engine.flush_kv_events()
 
     def chat(self, messages, sampling_params=None, use_tqdm: bool = True, *, lora_request=None,
              priority=None, chat_template: str | None = None, add_generation_prompt: bool = True,

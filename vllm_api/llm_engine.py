@@ -20,25 +20,24 @@ from engine import EngineCore
 from core.outputs import RequestOutput
 from core.requests import OutputSink, RequestState
 from core.sampling_params import RequestOutputKind
-from core.submit import Request
 from fast.backend import build_backend
 from fast.tuning import CpuTuning
 from vllm_api.checkpoint_files import eos_token_ids, generation_config, load_tokenizer
 from vllm_api.config import EngineConfig
 from vllm_api.engine_args import refuse_constructor_internals, translate_engine_args
-from vllm_api.intake import check_params_type, parse_prompt, reject_unsupported
+from vllm_api import intake
+from vllm_api.intake import reject_unsupported
 from vllm_api.kv_sizing import num_kv_blocks, resolve_max_model_len
 from vllm_api.loading import load_checkpoint
 from vllm_api.kv_events import build_stream, start_publisher
 from vllm_api.block_hash import hash_fn_for
 from vllm_api.llm_extras import LLMExtras
-from vllm_api.logits_processors import build_processors, load_processor_classes, validate_params
+from vllm_api.logits_processors import build_processors, load_processor_classes
 from vllm_api.member_refusals import ENGINE_REFUSED
 from vllm_api.model_config import ModelConfig
 from vllm_api.output_view import OutputProcessorView
 from vllm_api.refusals import refuses
 from vllm_api.sampling_params import SamplingParams
-from vllm_api.validation import in_vllms_words
 from vllm_api.vllm_config import VllmConfig
 from vllm_api.worker import worker_class
 
@@ -89,7 +88,7 @@ class LLMEngine(LLMExtras):
             self.logits_processor_classes, self.processor_config, self.device)
         self.kv_events = build_stream(self.config.kv_events_config, self.prefix_cache,
                                       self.config.block_size, publisher)  # None unless enabled
-        self._auto_ids = itertools.count()
+        self.request_counter = itertools.count()  # automatic request ids (vLLM's name)
         self.worker = worker_cls(self)  # collective_rpc's one worker, its extension's state kept
 
     def _build_core(self, model) -> EngineCore:
@@ -191,12 +190,6 @@ class LLMEngine(LLMExtras):
             finally:
                 self.flush_kv_events()
 
-    def run_until_finished(self, sink: OutputSink, num_requests: int) -> None:
-        try:
-            self.engine_core.run_until_finished(sink, num_requests)
-        finally:
-            self.flush_kv_events()
-
     def flush_kv_events(self) -> None:
         """Publish the cache events since the last flush as one batch (kv_events.py)."""
         if self.kv_events is not None:
@@ -218,51 +211,13 @@ class LLMEngine(LLMExtras):
     def add_requests(self, requests: list, output_kind: RequestOutputKind | None = None,
                      sink: OutputSink | None = None, request_ids=None,
                      priorities=None) -> list[RequestState]:
-        """Check every (prompt, params) first, then queue them all: one bad request queues
-        nothing. ``output_kind`` None: each request's own; ``sink`` None: ``step()``'s caller;
-        ``priorities``: one per request (None: 0 each). The core's errors come out in vLLM's
-        words (validation.py)."""
-        priorities = list(priorities) if priorities is not None else [0] * len(requests)
-        with in_vllms_words():
-            for priority in priorities:
-                self.check_priority(priority)
-            parsed = [self._parse(prompt, params) for prompt, params in requests]
-            with self.engine_core.operation():
-                ids = self._claim_ids(request_ids or [None] * len(requests))
-                return self.engine_core.add_requests(
-                    [Request(rid, p.token_ids, params, p.text, p.cache_salt, output_kind, priority)
-                     for rid, (p, params), priority in zip(ids, parsed, priorities)], sink)
+        """Check every (prompt, params) first, then queue them all: the intake's door
+        (vllm_api/intake.py), where the core's errors take vLLM's words."""
+        return intake.add_requests(self, requests, output_kind, sink, request_ids, priorities)
 
     def check_priority(self, priority) -> None:
         """An integer; other than 0 only under scheduling_policy="priority" (vLLM's words)."""
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise TypeError(f"priority must be an int, got {type(priority).__name__}")
-        if priority != 0 and self.config.scheduling_policy != "priority":
-            raise ValueError(f"Got priority {priority} but Priority scheduling is not enabled.")
-
-    def _parse(self, prompt, params):
-        params = params if params is not None else self.get_default_sampling_params()
-        check_params_type(params)
-        validate_params(self.logits_processor_classes, params)
-        return parse_prompt(prompt, self.tokenizer, self.model_config.vocab_size), params
-
-    def _claim_ids(self, wanted: list[str | None]) -> list[str]:
-        """Automatic ids skip every id in use or asked for (ids name requests only: a child
-        sequence's "{i}_{id}" label never collides with anything)."""
-        taken = set(self.engine_core.output_processor.requests) | {r for r in wanted if r is not None}
-        ids = []
-        for rid in wanted:
-            if rid is None:
-                rid = self._free_auto_id(taken)
-                taken.add(rid)
-            ids.append(rid)
-        return ids
-
-    def _free_auto_id(self, taken: set[str]) -> str:
-        rid = str(next(self._auto_ids))
-        while rid in taken:
-            rid = str(next(self._auto_ids))
-        return rid
+        intake.check_priority(priority, self.config.scheduling_policy)
 
     def abort_request(self, request_ids, internal: bool = False) -> None:
         for request_id in [request_ids] if isinstance(request_ids, str) else request_ids:

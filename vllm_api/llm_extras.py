@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from vllm_api.errors import refuse
+from vllm_api.refusals import Refusing
 from vllm_api.metrics import Metric, metrics_from_stats
 from vllm_api.worker import run_on_worker
 
@@ -36,7 +37,7 @@ def check_sleep_level(level: int) -> None:
                              f"scheduling")
 
 
-class LLMExtras:
+class LLMExtras(Refusing):
     """Mixed into ``engine.LLM``; uses its ``stats()``, ``config``, ``model`` and
     ``scheduler`` and nothing of the step loop."""
 

@@ -15,7 +15,7 @@ import functools
 import hashlib
 
 from vllm_api.errors import UnsupportedAttributeError
-from vllm_api.refusals import refuses, vllm_members
+from vllm_api.refusals import Refusing, refuses, vllm_members
 
 # vLLM's properties and fields, as they read for a decoder-only, text-only, unquantized model
 FEATURE_OFF = {
@@ -53,7 +53,7 @@ REFUSED = {
 
 
 @refuses("ModelConfig", REFUSED)
-class ModelConfig:
+class ModelConfig(Refusing):
     """vLLM's view of ``engine``'s model (an ``LLMEngine``)."""
 
     def __init__(self, engine) -> None:
@@ -62,8 +62,8 @@ class ModelConfig:
     def __getattr__(self, name: str):
         if name.startswith("_"):
             raise AttributeError(name)
-        if name in REFUSED:  # a refused property's AttributeError lands here: keep its words
-            raise UnsupportedAttributeError(*REFUSED[name])
+        if name in REFUSED:  # refused members are made when asked for (refusals.py)
+            return Refusing.__getattr__(self, name)
         if name in FEATURE_OFF:
             return FEATURE_OFF[name]
         if name in FROM_ENGINE_CONFIG:

@@ -19,7 +19,6 @@ from vllm_api.kv_events import (
     KVEventsConfig,
 )
 from vllm_api.kv_events_zmq import ZmqEventPublisher
-from vllm_api.engine_args import AsyncEngineArgs, EngineArgs
 from vllm_api.errors import (
     EngineDeadError,
     EngineGenerateError,
@@ -96,6 +95,16 @@ from vllm_api.vllm_config import (
     StructuredOutputsConfig,
     VllmConfig,
 )
+
+
+
+def __getattr__(name: str):
+    """``EngineArgs`` / ``AsyncEngineArgs``: built from vLLM's field listing when first asked for."""
+    if name in ("EngineArgs", "AsyncEngineArgs"):
+        from vllm_api import engine_args
+        return getattr(engine_args, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 # The vLLM release whose API this engine follows (its names and members were read from it:
 # vllm_names.json, vllm_members.json), so version gates in frameworks take that branch.

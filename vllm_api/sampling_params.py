@@ -1,10 +1,11 @@
 """vLLM's ``SamplingParams``: the core's (core/sampling_params.py) plus the fields of vLLM
 features this engine does not serve, and the msgspec-struct introspection scripts use.
 
-Those fields construct at any value and are refused when the parameters are used (``verify``,
-at submission), as vLLM checks them there too, with a message that names the feature. The
-core's checks run ``in_vllms_words()`` (validation.py): their errors are
-``VLLMValidationError``s with vLLM's messages.
+Those fields construct at any value and are refused when the parameters are used (at
+submission, by the intake: vllm_api/intake.py; or ``verify``), as vLLM checks them there too,
+with a message that names the feature. Construction runs the core's checks and this class's
+``in_vllms_words()`` (validation.py): their errors are ``VLLMValidationError``s with vLLM's
+messages. At submission the request path never comes here: the intake checks these fields.
 ``extra_args`` is carried (custom logits processors read it); ``skip_clone`` and
 ``stream_interval`` are carried and change nothing.
 """
@@ -17,31 +18,13 @@ from typing import Any
 
 from core.sampling_params import DEFAULT_MAX_LOGPROBS, RequestOutputKind
 from core.sampling_params import SamplingParams as CoreSamplingParams
-from core.sampling_params import as_int, check_bool, require
-from vllm_api.errors import VLLMValidationError, refuse
 from vllm_api.member_refusals import SAMPLING_REFUSED
-from vllm_api.refusals import refuses
-from vllm_api.structured import check_structured
+from vllm_api.refusals import Refusing, refuses
+from vllm_api.intake import (OFF_VALUES, UNSUPPORTED_FEATURES, UNSUPPORTED_FIELDS,  # noqa: F401
+                             check_vllm_fields, refuse_unserved)
 from vllm_api.validation import in_vllms_words
 
 __all__ = ["SamplingParams", "SamplingType", "RequestOutputKind", "RepetitionDetectionParams"]
-
-# vLLM fields this engine does not implement: accepted only at their default, else a clear error.
-UNSUPPORTED_FIELDS = {
-    "logprob_token_ids": "logprobs of chosen token ids are not implemented; use logprobs=N",
-    "prompt_logprob_token_ids": "use prompt_logprobs=N",
-    "prompt_logprob_start": "use prompt_logprobs=N",
-    "thinking_token_budget": "reasoning budgets are not implemented",
-    "repetition_detection": "repetition detection is not implemented",
-    "watermarking": "watermarking is not implemented",
-    "flat_logprobs": "logprobs always come as a list of dicts here",
-    "trace_decode_token_ids": "trace replay is not implemented",
-    "routed_experts_prompt_start": "mixture-of-experts routing records are not implemented",
-}
-# Unsupported fields whose "off" value is neither None nor False (vLLM's defaults).
-OFF_VALUES = {"routed_experts_prompt_start": 0}
-# The feature each unsupported field stands for, as its refusal names it (else its name).
-UNSUPPORTED_FEATURES: dict[str, str] = {}
 
 
 class SamplingType(enum.IntEnum):
@@ -62,7 +45,7 @@ class RepetitionDetectionParams:
 
 @refuses("SamplingParams", SAMPLING_REFUSED)
 @dataclass
-class SamplingParams(CoreSamplingParams):
+class SamplingParams(CoreSamplingParams, Refusing):
     """vLLM's sampling parameters; see core/sampling_params.py for when they are checked."""
 
     extra_args: dict[str, Any] | None = None  # carried along; custom logits processors read it
@@ -133,10 +116,11 @@ class SamplingParams(CoreSamplingParams):
 
     def check_against(self, vocab_size: int, max_logprobs: int = DEFAULT_MAX_LOGPROBS,
                       tokenizer=None) -> None:
-        """The core's checks (at submission), after refusing the features this engine lacks."""
+        """The submission's checks, as the intake runs them (vllm_api/intake.py), in vLLM's
+        words: the vLLM fields, the refusals, then the core's."""
         with in_vllms_words():
-            self._validate()
-            self._refuse_unsupported()
+            check_vllm_fields(self)
+            refuse_unserved(self)
             super().check_against(vocab_size, max_logprobs, tokenizer)
 
     def verify(self, model_config, speculative_config=None, structured_outputs_config=None,
@@ -145,30 +129,12 @@ class SamplingParams(CoreSamplingParams):
         self.check_against(model_config.get_vocab_size(), model_config.max_logprobs, tokenizer)
 
     def _validate(self) -> None:
+        """At construction: the core's checks and this class's own fields, in vLLM's words."""
         with in_vllms_words():
-            self._validate_fields()
-
-    def _validate_fields(self) -> None:
-        super()._validate()
-        if self.stop and not self.include_stop_str_in_output:
-            self.output_text_buffer_length = max(len(s) for s in self.stop) - 1
-        check_bool("skip_clone", self.skip_clone)
-        if self.stream_interval is not None:
-            self.stream_interval = as_int("stream_interval", self.stream_interval)
-            require(self.stream_interval >= 1, "stream_interval", self.stream_interval,
-                     f"stream_interval must be at least 1, got {self.stream_interval}.")
-        if self.extra_args is not None and not isinstance(self.extra_args, dict):
-            raise VLLMValidationError(f"extra_args must be a dict, got "
-                                 f"{type(self.extra_args).__name__}",
-                                 parameter="extra_args", value=self.extra_args)
-
-    def _refuse_unsupported(self) -> None:
-        if self.structured_outputs is not None:
-            check_structured(self.structured_outputs)
-        for name, reason in UNSUPPORTED_FIELDS.items():
-            value = getattr(self, name)
-            if value is not None and value is not False and value != OFF_VALUES.get(name):
-                refuse(UNSUPPORTED_FEATURES.get(name, name), f"{name}={value!r}: {reason}")
+            super()._validate()
+            check_vllm_fields(self)
+            if self.stop and not self.include_stop_str_in_output:
+                self.output_text_buffer_length = max(len(s) for s in self.stop) - 1
 
 
 # Field names in declaration order, as a msgspec struct lists them (scripts filter kwargs by it).
