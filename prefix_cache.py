@@ -164,7 +164,6 @@ class PrefixCache:
         # Only for telling why a lookup stopped (section 7); nothing above reads them.
         self._evicted: OrderedDict[int, str] = OrderedDict()  # hash -> when and for whom it left
         self._evictions_forgotten = False                      # older records were dropped
-        self._first_blocks: dict[bytes, list[Block]] = {}      # block 0's tokens -> cached block 0s
         self._stops: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # seq -> its last CacheMiss
         self._waits: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # seq -> (waits, first)
 
@@ -188,10 +187,7 @@ class PrefixCache:
 
     def cache_blocks(self, seq: Sequence, start: int, end: int) -> list[tuple[int, Block]]:
         """Register the blocks that tokens [start, end) completed (vLLM: ``cache_blocks``)."""
-        twins = self._do_prefill_step(seq, start, end)
-        if start < self.block_size <= end:  # block 0 completed: remembered by its tokens (section 7)
-            self._index_first_block(seq)
-        return twins
+        return self._do_prefill_step(seq, start, end)
 
     def stop_of(self, seq: Sequence) -> CacheMiss | None:
         """Why ``seq``'s latest lookup stopped where it did (None: never looked up)."""
@@ -496,9 +492,8 @@ class PrefixCache:
         if evicted is not None:
             return CacheMiss(MissReason.EVICTED, index, f"block {index}: no entry for its hash: "
                              f"evicted ({evicted})")
-        if index == 0 and any(b.block_hash is not None and b.salt != seq.cache_salt
-                              for b in self._first_blocks.get(seq.block_bytes(0, self.block_size), ())):
-            return self._other_salt(0)
+        if seq.cache_salt is not None:  # its own salt's domain, never a look into another's
+            return self._other_salt(index)
         older = (f" (or evicted before the last {EVICTIONS_REMEMBERED} evictions, which the cache "
                  f"remembers)" if self._evictions_forgotten else "")
         return CacheMiss(MissReason.NEVER_SAVED, index, f"block {index}: no entry for its hash: never "
@@ -506,8 +501,9 @@ class PrefixCache:
 
     @staticmethod
     def _other_salt(index: int) -> CacheMiss:
-        return CacheMiss(MissReason.OTHER_SALT, index, f"block {index}: its tokens are cached under a "
-                         f"different cache_salt (requests with different salts never share blocks)")
+        return CacheMiss(MissReason.OTHER_SALT, index, f"block {index}: no entry under this request's "
+                         f"cache_salt (only requests with the same salt share blocks; whether "
+                         f"another salt holds these tokens is never told)")
 
     def _remember_eviction(self, block: Block, what: str) -> None:
         self._evicted[block.block_hash] = what
@@ -515,19 +511,6 @@ class PrefixCache:
         if len(self._evicted) > EVICTIONS_REMEMBERED:
             self._evicted.popitem(last=False)
             self._evictions_forgotten = True
-        if block.parent is None and block.token_bytes is not None:
-            firsts = self._first_blocks.get(block.token_bytes, [])
-            if block in firsts:
-                firsts.remove(block)
-            if not firsts:
-                self._first_blocks.pop(block.token_bytes, None)
-
-    def _index_first_block(self, seq: Sequence) -> None:
-        block = self.block_manager.blocks[seq.block_table[0]]
-        if block.block_hash is not None and block.parent is None:
-            firsts = self._first_blocks.setdefault(block.token_bytes, [])
-            if block not in firsts:
-                firsts.append(block)
 
     # ------------------------------------------------------------------ watching it work
 

@@ -7,7 +7,7 @@ reasons, with the code to answer with:
     never-saved  no entry for the block's hash, and none ever left the map
     evicted      no entry for the block's hash: it left the map when its pool block was reused
     collision    an entry under the hash holds other tokens
-    salt         the block's tokens are cached under a different cache_salt
+    salt         no entry under the request's own cache_salt (blocks are shared per salt)
     partial      the tail after the served blocks is a partial block (never cached)
     last-token   the next block holds the last token, which is never served from cache
     in-flight    another running request is computing the next block (the request waits)

@@ -208,3 +208,18 @@ def test_a_commits_saves_call_no_hash_function():
     for strategy in ("incremental", "recompute"):
         counts = hashes_in_commits(PrefixCache, strategy)
         assert counts["hash_fn calls by the saves"] == 0 < counts["hash_fn calls in all"], strategy
+
+
+def test_a_miss_reason_never_tells_one_salt_what_another_cached(llama_dir):
+    """The salt keeps tenants apart, and so do the reasons: a salted request is told the same
+    whether or not another salt (or no salt) cached its tokens, and an unsalted request whose
+    tokens only a salted one cached is told "never saved", as if nobody had."""
+    llm = engine(llama_dir)
+    other = list(range(200, 222))
+    send(llm, P, salt="bob")                       # bob caches P
+    told_alice = send(llm, P, salt="alice")[0].cache_miss_reason
+    fresh = send(llm, other, salt="alice")[0].cache_miss_reason  # nobody cached `other`
+    assert told_alice.reason is fresh.reason is MissReason.OTHER_SALT
+    assert str(told_alice) == str(fresh)
+    unsalted = send(llm, P)[0].cache_miss_reason
+    assert unsalted.reason is MissReason.NEVER_SAVED and "bob" not in str(unsalted)
