@@ -162,19 +162,29 @@ class Recorder:
             self.last_looked_up = event.request_id
 
     def _watch_admissions(self) -> None:
-        """Note each admission's room check as the scheduler makes it (``can_allocate``, called
-        right after the request's lookup), so the story says why a request stayed waiting with
-        the numbers the engine decided on, not the pool as it is after the step."""
-        manager = self.llm.block_manager
-        check = manager.can_allocate
+        """Note each admission's room check as the scheduler makes it (its plan's
+        ``Reservation.can_take``, right after the request's lookup), so the story says why a
+        request stayed waiting with the numbers the engine decided on, not the pool as it is
+        after the step."""
+        scheduler = self.llm.scheduler
+        plan_admission = scheduler._plan_admission
 
-        def noted(num_new_blocks, reused=()):
-            admitted = check(num_new_blocks, reused)
-            self.room.append(dict(req=self.last_looked_up, new=num_new_blocks,
-                                  cached_free=sum(b.ref_count == 0 for b in reused),
-                                  free=manager.num_free_blocks, admitted=admitted))
-            return admitted
-        manager.can_allocate = noted  # this engine only: a probe, the decision is unchanged
+        def noted(seq, reservation):
+            check = reservation.can_take
+
+            def can_take(num_fresh, shared):
+                admitted = check(num_fresh, shared)
+                self.room.append(dict(req=self.last_looked_up, new=num_fresh,
+                                      cached_free=sum(b.ref_count == 0 and b.block_id not in reservation.held
+                                                      for b in shared),
+                                      free=reservation.num_free, admitted=admitted))
+                return admitted
+            reservation.can_take = can_take  # this plan only: a probe, the decision is unchanged
+            try:
+                return plan_admission(seq, reservation)
+            finally:
+                del reservation.can_take
+        scheduler._plan_admission = noted  # this engine only
 
     def submit(self, prompt: list[int], max_tokens: int) -> str:
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)

@@ -107,7 +107,7 @@ class StepStory:
         return f"request {rid}: {found}" + self._first_miss(events)
 
     def _no_room(self, rid: str) -> str:
-        """The admission's own numbers (``can_allocate`` as the scheduler called it)."""
+        """The admission's own numbers (``can_take`` as the scheduler called it)."""
         check = next((c for c in self.snap["room"] if c["req"] == rid and not c["admitted"]), None)
         if check is None:
             return ""

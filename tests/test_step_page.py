@@ -222,8 +222,9 @@ def assert_story_is_the_engines(data: dict, truth: dict, step: int, strategy: st
         assert starts(f"request {rid} admitted: ") or starts(f"request {rid} re-admitted after its preemption: ")
     for rid in facts["waits"]:
         assert "in flight" in starts(f"request {rid} waits: ")[0]
-    for rid in facts["no_room"]:
-        assert starts(f"request {rid} stays waiting, no room: ")
+    for rid in facts["no_room"]:  # with the numbers the scheduler decided on
+        line, = starts(f"request {rid} stays waiting, no room: ")
+        assert ", but it needs " in line and " had ref count 0" in line, line
     for rid in facts["finished"]:
         assert starts(f"request {rid} finishes: ")
     quiet = not truth[strategy, step]["events"] and not any(facts[k] for k in facts if k != "preemptions")
