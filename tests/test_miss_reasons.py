@@ -108,10 +108,14 @@ def test_every_reason_has_a_case():
     assert set(CASES) == set(MissReason)
 
 
+PATHS = {"plain": dict(fast_paths=False), "fast": {}, "int8": dict(quantization="int8")}
+
+
+@pytest.mark.parametrize("path", list(PATHS))
 @pytest.mark.parametrize("reason", list(MissReason), ids=[r.name for r in MissReason])
-def test_each_reason_is_on_the_miss_event_and_in_the_output(llama_dir, reason):
+def test_each_reason_is_on_the_miss_event_and_in_the_output(llama_dir, reason, path):
     case, kw, cached = CASES[reason]
-    llm = engine(llama_dir, **kw)
+    llm = engine(llama_dir, **kw, **PATHS[path])
     with llm.prefix_cache.recording() as events:
         out = case(llm)
     why = out.cache_miss_reason
