@@ -206,3 +206,47 @@ def test_a_request_travels_through_few_files_and_reads_no_vllm_table():
             "print(len(files), calls)\n")
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]
+
+
+# Each fact has one owner: the only files (of the engine's floors) that may change it.
+OWNERS = {
+    "a block's ref count (retain / release, take)": (r"\.ref_count\s*[-+]?=(?!=)", {"block_manager.py"}),
+    "a cached block's identity (hash, tokens, parent lifetime, salt)":
+        (r"\.(set_identity|forget_identity)\(", {"prefix_cache.py"}),
+    "the hash -> block map": (r"\b_prefix_cache\[", {"prefix_cache.py"}),
+    "evictions": (r"num_evictions\s*\+=", {"prefix_cache.py"}),
+    "vLLM's wording of the core's errors":
+        (r"\b(as_vllm_error|in_vllms_words)\(", {"vllm_api/validation.py", "vllm_api/intake.py",
+                                                   "vllm_api/sampling_params.py"}),
+    "8-bit weights' storage dtype": (r"torch\.int8\b", {"core/int8_format.py"}),
+}
+
+
+def engine_sources() -> dict[str, str]:
+    """The floors' files (core, fast, vLLM layer, the design card's), by path from the root."""
+    files = [p for p in ROOT.glob("*.py") if p.stem in CORE_FILES]
+    files += [p for pkg in ("core", "fast", "vllm_api") for p in (ROOT / pkg).glob("*.py")]
+    return {str(p.relative_to(ROOT)): p.read_text() for p in files}
+
+
+def test_each_fact_has_one_owner():
+    """Block identity and eviction live with the map (prefix_cache.py: the pool never writes
+    them and never calls up into the cache), ref counts with the pool (block_manager.py),
+    vLLM's words at the vLLM layer's door (vllm_api/intake.py, and SamplingParams' own
+    construction), a weight format's dtype in its own file."""
+    import re
+    sources = engine_sources()
+    wrong = [f"{fact}: {path}" for fact, (pattern, owners) in OWNERS.items()
+             for path, text in sources.items() if path not in owners and re.search(pattern, text)]
+    assert wrong == []
+    pool = ast.parse(sources["block_manager.py"])  # no call from the pool up into the cache
+    imported = {a.name for n in ast.walk(pool) if isinstance(n, (ast.Import, ast.ImportFrom))
+                for a in n.names} | {n.module for n in ast.walk(pool) if isinstance(n, ast.ImportFrom)}
+    assert not {"prefix_cache", "PrefixCache", "scheduler"} & imported
+
+
+def test_the_owner_check_catches_a_second_writer():
+    import re
+    pattern, owners = OWNERS["a block's ref count (retain / release, take)"]
+    assert re.search(pattern, "    block.ref_count += 1\n") and "scheduler.py" not in owners
+    assert not re.search(pattern, "if block.ref_count == 0:")
