@@ -337,7 +337,7 @@ class PrefixCache:
         self._planned.clear()
         self._ahead.clear()
 
-    def release(self, seq: Sequence) -> None:
+    def unmark_in_flight(self, seq: Sequence) -> None:
         """``seq`` left the running set (finished, preempted, aborted): drop its in-flight marks."""
         for h in self._computing.pop(seq, ()):
             if self._in_flight.get(h) is seq:

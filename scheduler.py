@@ -375,6 +375,6 @@ class Scheduler:
 
     def _release(self, seq: Sequence) -> None:
         self.block_manager.release(seq.block_table)
-        self.prefix_cache.release(seq)
+        self.prefix_cache.unmark_in_flight(seq)
         seq.block_table = []
         seq.num_computed_tokens = 0
