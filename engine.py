@@ -48,6 +48,7 @@ from typing import Iterator
 from block_manager import BlockManager, KVCachePool
 from core.backend import Backend
 from core.grammar import GrammarCompiler
+from core.kv_disk import DiskTier, fingerprint
 from core.model_runner import ModelRunner
 from core.output_processor import OutputProcessor
 from core.outputs import RequestOutput
@@ -90,12 +91,16 @@ class EngineCore:
               logprobs_mode: str = "raw_logprobs", max_logprobs: int = 20,
               hash_fn: HashFn | None = None,
               prefix_cache_cls: type[PrefixCache] = PrefixCache,
-              scheduling_policy: str = "fcfs", logits_processors=()) -> EngineCore:
+              scheduling_policy: str = "fcfs", logits_processors=(),
+              kv_disk_dir: str | None = None, kv_disk_size: float = 4.0,
+              kv_disk_write: str = "evict") -> EngineCore:
         """Every part, from the model and plain settings (``backend`` None: the plain path;
         ``hash_fn`` None: the chapter's xxh3_64 chain; ``prefix_cache_cls``: the chapter's
         class, or a subclass with its methods rewritten, as the build-it-yourself track's;
         ``scheduling_policy``: "fcfs" or "priority"; ``logits_processors``: batch processors
-        the sampler runs, core/sampler.py)."""
+        the sampler runs, core/sampler.py; ``kv_disk_dir``: the disk tier under the pool,
+        ``kv_disk_size`` GiB, writing evicted blocks or, with ``kv_disk_write="save"``, every
+        saved one, core/kv_disk.py)."""
         if scheduling_policy not in ("fcfs", "priority"):
             raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got "
                              f"{scheduling_policy!r}")
@@ -106,6 +111,8 @@ class EngineCore:
         cache = (prefix_cache_cls if enable_prefix_caching else NoPrefixCache)(block_manager, hash_strategy)
         if hash_fn is not None:
             cache.hash_fn = hash_fn
+        if kv_disk_dir is not None and enable_prefix_caching:
+            attach_disk_tier(cache, kv, model, backend, kv_disk_dir, kv_disk_size, kv_disk_write)
         scheduler = Scheduler(SchedulerConfig(max_num_seqs, max_num_batched_tokens,
                                               scheduling_policy), block_manager, cache)
         sampler = Sampler(model.device, seed, sorted(eos_token_ids), logprobs_mode=logprobs_mode,
@@ -149,6 +156,7 @@ class EngineCore:
             if self.model_runner.weights_changed():  # K/V of the old weights is never served again
                 self.reset_prefix_cache(reset_running_requests=True)
                 self.model_runner.note_weights()
+                self.prefix_cache.tier.new_weights()  # the disk tier: the new weights' namespace
             plan = self.scheduler.schedule()
             if not plan.chunks:
                 if self.scheduler.has_unfinished:
@@ -163,6 +171,7 @@ class EngineCore:
             self.scheduler.commit(plan)
             self.steps += 1
             self.output_processor.process(result)
+            self.prefix_cache.tier.flush()  # kv_disk_write="save": the commit's blocks, to disk
         finally:
             self.stepping = self._plan_running = False
             self.prefix_cache.forget_plan()
@@ -304,7 +313,18 @@ class EngineCore:
                 blocks_in_use=bm.num_blocks_in_use,
                 blocks_cached=pc.num_cached_blocks,
                 free_blocks=bm.num_free_blocks,
+                **pc.tier.stats.as_dict(),
             )
+
+
+def attach_disk_tier(cache: PrefixCache, kv: KVCachePool, model: CausalLM, backend: Backend,
+                     directory: str, size_gib: float, write: str) -> DiskTier:
+    """The disk tier under ``cache``'s pool, its namespace fingerprinting what K/V depends on."""
+    def name() -> str:
+        return fingerprint(model, backend.name, kv.block_size, cache.hash_fn)
+    tier = DiskTier(directory, int(size_gib * 2**30), kv, name, write)
+    tier.attach(cache)
+    return tier
 
 
 # ----------------------------------------------------------------------------- interrupts

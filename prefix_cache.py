@@ -47,13 +47,14 @@ import contextlib
 import enum
 import weakref
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Callable, Iterator, Mapping
 
 import xxhash
 
 from block_manager import Block, BlockManager
+from core.kv_disk import NO_TIER
 from scheduler import Sequence
 
 HASH_STRATEGIES = ("incremental", "recompute")
@@ -137,6 +138,11 @@ class PrefixMatch:
     chain: list[int]        # hash of every full block the sequence has (to mark what it computes)
     next_in_flight: bool    # another running sequence is computing the block it needs next
     queried: int = 0        # tokens looked up (0 when the cache was not read)
+    loaded: list = field(default_factory=list)  # blocks after ``blocks`` read from the disk tier
+
+    @property
+    def num_served_blocks(self) -> int:
+        return len(self.blocks) + len(self.loaded)
 
     @classmethod
     def nothing(cls, queried: int = 0) -> PrefixMatch:
@@ -154,6 +160,7 @@ class PrefixCache:
         self.hash_strategy = hash_strategy
         self.hash_fn = hash_fn  # swappable: tests plug in a weak hash to force collisions
         self._prefix_cache: dict[int, Block] = {}      # hash -> cached block
+        self.tier = NO_TIER  # the disk tier under the pool (core/kv_disk.py), when switched on
         self._in_flight: dict[int, Sequence] = {}      # hash -> sequence computing it
         self._planned: dict[int, Sequence] = {}        # the same, for this step's admissions
         self._ahead: dict[tuple[bytes, int], int] = {}  # hash_fn results a commit will ask for
@@ -188,6 +195,12 @@ class PrefixCache:
     def cache_blocks(self, seq: Sequence, start: int, end: int) -> list[tuple[int, Block]]:
         """Register the blocks that tokens [start, end) completed (vLLM: ``cache_blocks``)."""
         return self._do_prefill_step(seq, start, end)
+
+    def load(self, match: PrefixMatch, fresh: list[Block]) -> None:
+        """A plan admits ``match``: the blocks it read from the disk tier get their K/V in the
+        first of its ``fresh`` blocks (free blocks nothing committed points at, so a dropped
+        plan leaves nothing wrong). The commit registers them (``cache_blocks``)."""
+        self.tier.place(match.loaded, fresh)
 
     def stop_of(self, seq: Sequence) -> CacheMiss | None:
         """Why ``seq``'s latest lookup stopped where it did (None: never looked up)."""
@@ -297,8 +310,10 @@ class PrefixCache:
                 break  # the "miss" is traced with its reason by ``lookup`` (section 7)
             self._trace("hit", seq, len(blocks), block.block_hash, block_id=block.block_id)
             blocks.append(block)
-        next_in_flight = len(blocks) < max_blocks and self._is_in_flight(seq, len(blocks), chain)
-        return PrefixMatch(blocks, len(blocks) * self.block_size, chain, next_in_flight, seq.num_tokens)
+        loaded = self.tier.probe(seq, chain, len(blocks), max_blocks)  # the pool missed: the disk's turn
+        n = len(blocks) + len(loaded)
+        next_in_flight = n < max_blocks and self._is_in_flight(seq, n, chain)
+        return PrefixMatch(blocks, n * self.block_size, chain, next_in_flight, seq.num_tokens, loaded)
 
     def _holds(self, block: Block, seq: Sequence, index: int, parents: list[Block]) -> bool:
         """True if cached ``block`` holds exactly ``seq``'s block ``index`` after ``parents``."""
@@ -439,7 +454,7 @@ class PrefixCache:
 
     def _why_stopped(self, seq: Sequence, match: PrefixMatch) -> CacheMiss:
         """Trace the lookup's stop ("miss", then "wait" if it waits) and keep it for ``seq``."""
-        index, chain = len(match.blocks), match.chain
+        index, chain = match.num_served_blocks, match.chain
         h = chain[index] if index < len(chain) else None
         stop = self._stop_reason(seq, match, index, h)
         waits, first = self._waits.pop(seq, (0, stop))

@@ -287,6 +287,7 @@ class Scheduler:
         for block in match.blocks:
             reservation.share(block)
         fresh = [self._reserve_fresh(reservation, seq) for _ in range(num_new)]
+        self.prefix_cache.load(match, fresh)  # blocks read from the disk tier, if any
         self.prefix_cache.plan_in_flight(seq, match)
         return Admission(seq, match, fresh)
 
@@ -309,6 +310,7 @@ class Scheduler:
                                             chunk.block_table)
         for admission in plan.admissions:
             self._admit(admission)
+            self._register_loaded(admission)
         for seq, block in plan.slots:
             seq.block_table.append(self.block_manager.take(block).block_id)
         for chunk in plan.chunks:
@@ -333,6 +335,15 @@ class Scheduler:
         self.running.append(seq)
         self.prefix_cache.mark_in_flight(seq, match)
         self._count_admission(seq, match)
+
+    def _register_loaded(self, admission: Admission) -> None:
+        """Blocks the plan loaded from the disk tier are cached now, as if computed: the
+        commit is when a load becomes visible (a failed step never registers them)."""
+        seq, match = admission.seq, admission.match
+        if match.loaded:
+            start = len(match.blocks) * self.block_size
+            for index, twin in self.prefix_cache.cache_blocks(seq, start, match.num_cached_tokens):
+                self._switch_to_twin(seq, index, twin)
 
     def _count_admission(self, seq: Sequence, match) -> None:
         self.stats.prefix_cache_queries += match.queried

@@ -14,6 +14,7 @@ from typing import get_args
 
 from vllm_api.checkpoint_files import check_generation_config_dir, check_tokenizer_dir, read_template
 from model import QUANTIZATIONS
+from core.kv_disk import WRITE_MODES
 from prefix_cache import HASH_STRATEGIES
 from vllm_api.block_hash import HASH_ALGOS
 from vllm_api.type_aliases import LogprobsMode
@@ -60,6 +61,9 @@ class EngineConfig:
     quantization: str | None = None         # "int8": 8-bit weights quantized at load (model.py)
     scheduling_policy: str = "fcfs"         # "priority": generate(..., priority=[...]) orders admission
     logits_processors: object = None        # vLLM v1 LogitsProcessor classes (or their names)
+    kv_disk_dir: str | None = None          # the prefix cache's disk tier (core/kv_disk.py); None: off
+    kv_disk_size: float = 4.0               # its budget in GiB (as vLLM's kv_offloading_size)
+    kv_disk_write: str = "evict"            # "evict": blocks leaving the pool; "save": every saved block
 
     def __post_init__(self) -> None:
         self._fill_defaults_for_none()
@@ -79,7 +83,14 @@ class EngineConfig:
             raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
         if self.hash_strategy not in HASH_STRATEGIES:
             raise ValueError(f"hash_strategy must be one of {HASH_STRATEGIES}, got {self.hash_strategy!r}")
+        self._check_disk_tier()
         self._check_vllm_fields()
+
+    def _check_disk_tier(self) -> None:
+        if not isinstance(self.kv_disk_size, (int, float)) or self.kv_disk_size <= 0:
+            raise ValueError(f"kv_disk_size must be > 0 GiB, got {self.kv_disk_size!r}")
+        if self.kv_disk_write not in WRITE_MODES:
+            raise ValueError(f"kv_disk_write must be one of {WRITE_MODES}, got {self.kv_disk_write!r}")
 
     def _check_vllm_fields(self) -> None:
         if not isinstance(self.max_logprobs, int) or self.max_logprobs < -1:

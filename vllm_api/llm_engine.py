@@ -103,7 +103,8 @@ class LLMEngine(LLMExtras):
             eos_token_ids=self.eos_token_ids, max_model_len=max_model_len, seed=cfg.seed,
             logprobs_mode=cfg.logprobs_mode, max_logprobs=cfg.max_logprobs,
             hash_fn=hash_fn_for(cfg.prefix_caching_hash_algo),
-            scheduling_policy=cfg.scheduling_policy)
+            scheduling_policy=cfg.scheduling_policy, kv_disk_dir=cfg.kv_disk_dir,
+            kv_disk_size=cfg.kv_disk_size, kv_disk_write=cfg.kv_disk_write)
 
     def _backend(self, model) -> Backend:
         """The fast layer's backend and, on CPU, its process tuning; or the plain path."""
