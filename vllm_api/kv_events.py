@@ -25,12 +25,15 @@ from typing import Any, Callable
 import msgspec
 import numpy as np
 
+from core.kv_disk import MEDIUM_DISK
 from vllm_api.block_hash import event_block_hash
 from vllm_api.errors import refuse
 
 logger = logging.getLogger(__name__)
 
 MEDIUM_GPU = "GPU"  # vLLM's name for an engine's own KV pool, whatever the device
+# The disk tier's blocks carry MEDIUM_DISK ("DISK", core/kv_disk.py): vLLM's own offloading
+# names its CPU tier "CPU"; the field is a free string a router matches on.
 
 
 class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -123,6 +126,8 @@ class KVEventStream:
         self.subscribers: list[Callable[[KVEventBatch], None]] = []
         self.failed_sends = 0
         prefix_cache.subscribe(self.on_chain_event)
+        if prefix_cache.tier.enabled:
+            prefix_cache.tier.subscribe(self.on_tier_event)
 
     def subscribe(self, callback: Callable[[KVEventBatch], None]) -> None:
         self.subscribers.append(callback)
@@ -136,6 +141,21 @@ class KVEventStream:
         if handler is not None:
             with self.lock:
                 handler(event)
+
+    def on_tier_event(self, kind: str, block_hash: int, parent: int | None,
+                      token_bytes: bytes | None) -> None:
+        """The disk tier wrote a block ("stored") or removed one to keep its budget."""
+        with self.lock:
+            if kind == "stored":
+                self._append(BlockStored(
+                    block_hashes=[event_block_hash(block_hash)],
+                    parent_block_hash=None if parent is None else event_block_hash(parent),
+                    token_ids=np.frombuffer(token_bytes, dtype=np.int64).tolist(),
+                    block_size=self.block_size, lora_id=None, medium=MEDIUM_DISK,
+                    lora_name=None, group_idx=0))
+            else:
+                self._append(BlockRemoved(block_hashes=[event_block_hash(block_hash)],
+                                          medium=MEDIUM_DISK, group_idx=0))
 
     def _stored(self, event) -> None:
         self._flush_forgotten()

@@ -45,6 +45,12 @@ COUNTERS = {
     "vllm:engine_steps": "steps",
     "vllm:prefix_cache_evictions": "evictions",
     "vllm:prefix_cache_hash_computations": "hash_computations",
+    # the disk tier under the pool (core/kv_disk.py); zero when it is off
+    "vllm:kv_disk_hits": "kv_disk_hits",
+    "vllm:kv_disk_misses": "kv_disk_misses",
+    "vllm:kv_disk_bad_files": "kv_disk_bad_files",
+    "vllm:kv_disk_bytes_read": "kv_disk_bytes_read",
+    "vllm:kv_disk_bytes_written": "kv_disk_bytes_written",
 }
 GAUGES = {
     "vllm:num_requests_running": "num_requests_running",
@@ -55,6 +61,7 @@ GAUGES = {
     "vllm:kv_blocks_in_use": "blocks_in_use",
     "vllm:kv_blocks_cached": "blocks_cached",
     "vllm:kv_blocks_free": "free_blocks",
+    "vllm:kv_disk_load_seconds": "kv_disk_load_seconds",
 }
 
 
