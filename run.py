@@ -90,6 +90,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--step", type=int, default=None,
                    help="--screenshot: the step to show (default: the step with the most kinds of events)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    p.add_argument("--restart", nargs="?", const="", default=None, metavar="DIR",
+                   help="one restart from the disk tier: the longest prompt cold, then in a new "
+                        "engine from the tier (in DIR, default a temporary directory)")
     args = p.parse_args(argv)
     if args.screenshot and not args.html:
         p.error("--screenshot draws a step of the --html page: give --html FILE too")
@@ -230,6 +233,8 @@ def main(argv=None) -> int:
     if args.html:
         return page_main(args)
     model_dir = Path(args.model)
+    if args.restart is not None:
+        return restart_main(args, model_dir)
     demo = run_all_modes(args, model_dir)
     llm = demo.engine
     print(f"\nModel {model_dir} ({llm.model_config.architecture}), {llm.num_blocks} KV blocks of "
@@ -251,6 +256,16 @@ def main(argv=None) -> int:
         from teaching import demo_plots
         demo_plots.write_all(Path(args.plot), rows, len(longest), str(model_dir), engine_args(args))
     return report_identical(demo.tokens, args.num_requests)
+
+
+def restart_main(args, model_dir: Path) -> int:
+    """``--restart``: the disk tier across one restart (teaching/disk_restart.py)."""
+    from teaching import disk_restart
+    probe = LLM(str(model_dir), **engine_args(args))
+    prompt = max(round1_prompts(probe, model_dir, args.num_requests, args.seed), key=len)
+    del probe
+    return disk_restart.show(str(model_dir), engine_args(args), prompt, args.max_tokens,
+                             args.restart or None)
 
 
 def shared_prefix_line(prompts: list[list[int]], block_size: int) -> str:

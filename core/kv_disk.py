@@ -217,7 +217,7 @@ class DiskTier:
     def _read(self, seq, chain: list[int], index: int) -> TierBlock | None:
         started, path = time.perf_counter(), self.path_of(chain[index])
         try:
-            data = path.read_bytes()
+            data = _read_whole(path)
         except OSError:  # absent, or removed by another engine meanwhile
             self.stats.misses += 1
             return None
@@ -235,7 +235,7 @@ class DiskTier:
         """The block in ``data`` if it is whole and is exactly ``seq``'s block ``index``."""
         try:
             header, tokens, salt, payload = _unpack(data)
-        except (ValueError, KeyError, struct.error, UnicodeDecodeError):
+        except (ValueError, KeyError, TypeError, struct.error, UnicodeDecodeError):
             return None
         parent = chain[index - 1] if index else seq._root_hash
         bs = self.kv.block_size
@@ -279,8 +279,8 @@ class DiskTier:
             n *= d
         return 2 * n * self.kv.k.element_size()
 
-    def _tensors(self, payload: bytes) -> tuple[torch.Tensor, torch.Tensor]:
-        flat = torch.frombuffer(bytearray(payload), dtype=self.kv.k.dtype)
+    def _tensors(self, payload: memoryview) -> tuple[torch.Tensor, torch.Tensor]:
+        flat = torch.frombuffer(payload, dtype=self.kv.k.dtype)  # no copy: the file's own buffer
         k, v = flat.view(2, *self._block_shape()).to(self.kv.k.device)
         return k, v
 
@@ -382,24 +382,38 @@ def _unlink(path: Path) -> None:
 
 def _pack(header: dict, tokens: bytes, salt: bytes, payload: bytes) -> bytes:
     head = json.dumps(header, sort_keys=True).encode()
+    # spaces after the JSON so the payload starts 64-byte aligned (read back as a tensor in place)
+    head += b" " * (-(len(FORMAT) + _LEN.size + len(head) + len(tokens) + len(salt)) % 64)
     body = b"".join([FORMAT, _LEN.pack(len(head)), head, tokens, salt, payload])
     return body + _SUM.pack(xxhash.xxh3_64_intdigest(body))
 
 
-def _unpack(data: bytes) -> tuple[dict, bytes, str | None, bytes]:
-    """(header, token bytes, salt, payload) of a whole, unaltered file; ValueError otherwise."""
-    if len(data) < len(FORMAT) + _LEN.size + _SUM.size or not data.startswith(FORMAT):
+def _read_whole(path: Path) -> bytearray:
+    """The file in one writable buffer (its payload becomes a tensor without a copy)."""
+    with open(path, "rb", buffering=0) as f:
+        size = os.fstat(f.fileno()).st_size
+        data = bytearray(size)
+        if f.readinto(data) != size:
+            raise OSError(f"{path}: changed while read")
+    return data
+
+
+def _unpack(data) -> tuple[dict, bytes, str | None, memoryview]:
+    """(header, token bytes, salt, payload) of a whole, unaltered file; ValueError otherwise.
+    ``data``: bytes or a bytearray; the payload is a view into it."""
+    data = memoryview(data)
+    if len(data) < len(FORMAT) + _LEN.size + _SUM.size or bytes(data[:len(FORMAT)]) != FORMAT:
         raise ValueError("not a tier file")
     body, (checksum,) = data[:-_SUM.size], _SUM.unpack(data[-_SUM.size:])
     if xxhash.xxh3_64_intdigest(body) != checksum:
         raise ValueError("checksum")
     at = len(FORMAT) + _LEN.size
     (head_len,) = _LEN.unpack(body[len(FORMAT):at])
-    header = json.loads(body[at:at + head_len])
+    header = json.loads(bytes(body[at:at + head_len]))
     at += head_len
     n_tok, n_salt = header["tokens"], header["salt"]
-    tokens, at = body[at:at + n_tok], at + n_tok
-    salt = None if n_salt is None else body[at:at + n_salt].decode()
+    tokens, at = bytes(body[at:at + n_tok]), at + n_tok
+    salt = None if n_salt is None else bytes(body[at:at + n_salt]).decode()
     at += n_salt or 0
     payload = body[at:]
     if len(payload) != header["payload"]:
