@@ -93,6 +93,7 @@ class TierStats:
     bytes_read: int = 0
     bytes_written: int = 0
     load_seconds: float = 0.0  # reading + verifying + copying into the pool
+    place_seconds: float = 0.0  # of which copying into the pool (a pool page's first touch faults)
 
     def as_dict(self) -> dict:
         return {f"kv_disk_{k}": v for k, v in self.__dict__.items()}
@@ -263,7 +264,9 @@ class DiskTier:
             rows = self._rows(block.block_id)
             self.kv.k[:, :, rows].copy_(tier_block.k)
             self.kv.v[:, :, rows].copy_(tier_block.v)
-        self.stats.load_seconds += time.perf_counter() - started
+        spent = time.perf_counter() - started
+        self.stats.load_seconds += spent
+        self.stats.place_seconds += spent
 
     def _rows(self, block_id: int) -> slice:
         bs = self.kv.block_size

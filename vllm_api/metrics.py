@@ -62,6 +62,7 @@ GAUGES = {
     "vllm:kv_blocks_cached": "blocks_cached",
     "vllm:kv_blocks_free": "free_blocks",
     "vllm:kv_disk_load_seconds": "kv_disk_load_seconds",
+    "vllm:kv_disk_place_seconds": "kv_disk_place_seconds",
 }
 
 
