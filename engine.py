@@ -48,7 +48,7 @@ from typing import Iterator
 from block_manager import BlockManager, KVCachePool
 from core.backend import Backend
 from core.grammar import GrammarCompiler
-from core.kv_disk import DiskTier, fingerprint
+from core.kv_disk import DiskTier, TierStats, fingerprint
 from core.model_runner import ModelRunner
 from core.output_processor import OutputProcessor
 from core.outputs import RequestOutput
@@ -156,7 +156,8 @@ class EngineCore:
             if self.model_runner.weights_changed():  # K/V of the old weights is never served again
                 self.reset_prefix_cache(reset_running_requests=True)
                 self.model_runner.note_weights()
-                self.prefix_cache.tier.new_weights()  # the disk tier: the new weights' namespace
+                if self.prefix_cache.tier.enabled:  # the disk tier: the new weights' namespace
+                    self.prefix_cache.tier.new_weights()
             plan = self.scheduler.schedule()
             if not plan.chunks:
                 if self.scheduler.has_unfinished:
@@ -171,7 +172,8 @@ class EngineCore:
             self.scheduler.commit(plan)
             self.steps += 1
             self.output_processor.process(result)
-            self.prefix_cache.tier.flush()  # kv_disk_write="save": the commit's blocks, to disk
+            if self.prefix_cache.tier.enabled:  # kv_disk_write="save": the commit's blocks, to disk
+                self.prefix_cache.tier.flush()
         finally:
             self.stepping = self._plan_running = False
             self.prefix_cache.forget_plan()
@@ -313,7 +315,7 @@ class EngineCore:
                 blocks_in_use=bm.num_blocks_in_use,
                 blocks_cached=pc.num_cached_blocks,
                 free_blocks=bm.num_free_blocks,
-                **pc.tier.stats.as_dict(),
+                **(pc.tier.stats if pc.tier.enabled else TierStats()).as_dict(),
             )
 
 

@@ -54,7 +54,6 @@ from typing import Callable, Iterator, Mapping
 import xxhash
 
 from block_manager import Block, BlockManager
-from core.kv_disk import NO_TIER
 from scheduler import Sequence
 
 HASH_STRATEGIES = ("incremental", "recompute")
@@ -160,7 +159,7 @@ class PrefixCache:
         self.hash_strategy = hash_strategy
         self.hash_fn = hash_fn  # swappable: tests plug in a weak hash to force collisions
         self._prefix_cache: dict[int, Block] = {}      # hash -> cached block
-        self.tier = NO_TIER  # the disk tier under the pool (core/kv_disk.py), when switched on
+        self.tier = NoTier()  # the tier under the pool: the engine puts core/kv_disk.py's there
         self._in_flight: dict[int, Sequence] = {}      # hash -> sequence computing it
         self._planned: dict[int, Sequence] = {}        # the same, for this step's admissions
         self._ahead: dict[tuple[bytes, int], int] = {}  # hash_fn results a commit will ask for
@@ -553,6 +552,20 @@ class PrefixCache:
                                parent_hash, block_id, source, reason)
             for listener in list(self._listeners):
                 listener(event)
+
+
+class NoTier:
+    """Nothing under the pool: a lookup's misses stop there. (The engine's disk tier,
+    core/kv_disk.py, answers the same two calls: ``probe`` while a lookup plans, ``place`` when
+    the plan takes the fresh blocks.)"""
+
+    enabled = False
+
+    def probe(self, seq: Sequence, chain: list[int], first: int, last: int) -> list:
+        return []
+
+    def place(self, loaded: list, blocks: list[Block]) -> None:
+        pass
 
 
 def salt_bytes(cache_salt: str) -> bytes:

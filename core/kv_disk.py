@@ -99,28 +99,6 @@ class TierStats:
         return {f"kv_disk_{k}": v for k, v in self.__dict__.items()}
 
 
-class NoDiskTier:
-    """The tier switched off: nothing probed, nothing written."""
-
-    enabled = False
-    stats = TierStats()
-
-    def probe(self, seq, chain: list[int], first: int, last: int) -> list[TierBlock]:
-        return []
-
-    def place(self, loaded: list[TierBlock], blocks) -> None:
-        pass
-
-    def flush(self) -> None:
-        pass
-
-    def new_weights(self) -> None:
-        pass
-
-
-NO_TIER = NoDiskTier()
-
-
 @dataclass
 class _Index:
     """Every file of the directory (all namespaces): path -> size, least recently used first."""
