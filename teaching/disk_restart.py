@@ -16,7 +16,10 @@ from engine import LLM, SamplingParams
 def serve(model_dir: str, settings: dict, disk: str, prompt: list[int], max_tokens: int,
           write: str) -> dict:
     """A fresh engine on ``disk``, one request; its figures."""
-    llm = LLM(model_dir, **settings, kv_disk_dir=disk, kv_disk_write=write)
+    # the prompt's prefill in one step: the cold TTFT holds no tier write (they follow each step)
+    one_step = max(settings.get("max_num_batched_tokens") or 0, len(prompt))
+    llm = LLM(model_dir, **{**settings, "max_num_batched_tokens": one_step}, kv_disk_dir=disk,
+              kv_disk_write=write)
     llm.generate([[1] * 8], SamplingParams(max_tokens=1), use_tqdm=False)  # first-forward set-up
     before = llm.llm_engine.engine_core.stats()["hash_computations"]
     out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=max_tokens),

@@ -312,3 +312,17 @@ def test_kv_events_name_the_disk_medium(llama_dir, tmp_path):
     disk = {type(e) for e in events if getattr(e, "medium", None) == kv_disk.MEDIUM_DISK}
     assert disk == {BlockStored, BlockRemoved}
     assert any(isinstance(e, BlockStored) and e.medium == "GPU" for e in events)
+
+
+def test_recompute_strategy_reads_the_tier_too(llama_dir, tmp_path):
+    """The chapter's "before" column over the same tier: same tokens, blocks from disk."""
+    first, _ = filled(llama_dir, tmp_path)
+    llm = make_llm(llama_dir, block_size=BS, kv_disk_dir=str(tmp_path), hash_strategy="recompute")
+    assert tokens_of(llm) == first and stats(llm)["kv_disk_hits"] == NUM_BLOCKS
+
+
+def test_run_py_shows_one_restart(capsys):
+    import run
+    assert run.main(["--restart", "--no-progress", "--max-tokens", "4", "--num-requests", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "tokens identical: True" in out and "blocks read from disk" in out
