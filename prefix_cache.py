@@ -195,11 +195,11 @@ class PrefixCache:
         """Register the blocks that tokens [start, end) completed (vLLM: ``cache_blocks``)."""
         return self._do_prefill_step(seq, start, end)
 
-    def load(self, match: PrefixMatch, fresh: list[Block]) -> None:
+    def load(self, seq: Sequence, match: PrefixMatch, fresh: list[Block]) -> None:
         """A plan admits ``match``: the blocks it read from the disk tier get their K/V in the
         first of its ``fresh`` blocks (free blocks nothing committed points at, so a dropped
         plan leaves nothing wrong). The commit registers them (``cache_blocks``)."""
-        self.tier.place(match.loaded, fresh)
+        self.tier.place(seq, match.loaded, fresh)
 
     def stop_of(self, seq: Sequence) -> CacheMiss | None:
         """Why ``seq``'s latest lookup stopped where it did (None: never looked up)."""
@@ -564,7 +564,7 @@ class NoTier:
     def probe(self, seq: Sequence, chain: list[int], first: int, last: int) -> list:
         return []
 
-    def place(self, loaded: list, blocks: list[Block]) -> None:
+    def place(self, seq: Sequence, loaded: list, blocks: list[Block]) -> None:
         pass
 
 

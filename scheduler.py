@@ -287,7 +287,7 @@ class Scheduler:
         for block in match.blocks:
             reservation.share(block)
         fresh = [self._reserve_fresh(reservation, seq) for _ in range(num_new)]
-        self.prefix_cache.load(match, fresh)  # blocks read from the disk tier, if any
+        self.prefix_cache.load(seq, match, fresh)  # blocks read from the disk tier, if any
         self.prefix_cache.plan_in_flight(seq, match)
         return Admission(seq, match, fresh)
 

@@ -32,6 +32,7 @@ import os
 import struct
 import time
 import uuid
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -156,6 +157,8 @@ class DiskTier:
         self._listeners: list[Callable] = []
         self._parent_of: dict[int, int] = {}  # pool block id -> its parent's hash, set at save
         self._pending: dict[int, int] = {}    # block id -> hash, saved and still to write ("save")
+        # a waiting sequence's last probe (it may wait for pool blocks): never read twice
+        self._probed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.new_weights()
 
     def new_weights(self) -> None:
@@ -166,6 +169,7 @@ class DiskTier:
         self.dir.mkdir(exist_ok=True)
         self._parent_of.clear()
         self._pending.clear()
+        self._probed = weakref.WeakKeyDictionary()
 
     def attach(self, prefix_cache) -> None:
         """Follow the pool's saves and evictions (the prefix cache's trace)."""
@@ -185,12 +189,17 @@ class DiskTier:
     def probe(self, seq, chain: list[int], first: int, last: int) -> list[TierBlock]:
         """``seq``'s blocks [first, last) from disk, in order, stopping at the first miss; each
         verified against the chain on ``seq`` (hash, parent, tokens, salt)."""
+        kept = self._probed.get(seq)
+        if kept is not None and kept[0] == first:  # it waited a step: read once, kept
+            return kept[1][:last - first]
         found: list[TierBlock] = []
         for index in range(first, last):
             block = self._read(seq, chain, index)
             if block is None:
                 break
             found.append(block)
+        if found:
+            self._probed[seq] = (first, found)
         return found
 
     def _read(self, seq, chain: list[int], index: int) -> TierBlock | None:
@@ -235,8 +244,9 @@ class DiskTier:
 
     # ------------------------------------------------------------------ into the pool
 
-    def place(self, loaded: list[TierBlock], blocks) -> None:
+    def place(self, seq, loaded: list[TierBlock], blocks) -> None:
         """Copy each loaded block's K/V into its pool block (a fresh block the plan took)."""
+        self._probed.pop(seq, None)
         started = time.perf_counter()
         for tier_block, block in zip(loaded, blocks):
             rows = self._rows(block.block_id)

@@ -326,3 +326,14 @@ def test_run_py_shows_one_restart(capsys):
     assert run.main(["--restart", "--no-progress", "--max-tokens", "4", "--num-requests", "2"]) == 0
     out = capsys.readouterr().out
     assert "tokens identical: True" in out and "blocks read from disk" in out
+
+
+def test_a_waiting_request_reads_its_blocks_from_disk_once(llama_dir, tmp_path):
+    first, _ = filled(llama_dir, tmp_path)
+    other = random_prompt(30, seed=55)
+    llm = make_llm(llama_dir, block_size=BS, num_kv_blocks=14, kv_disk_dir=str(tmp_path))
+    outs = llm.generate([other, PROMPT], greedy(N), use_tqdm=False)  # PROMPT waits for blocks
+    assert list(outs[1].outputs[0].token_ids) == first
+    s = stats(llm)
+    assert s["steps"] > N + 1  # it did wait: it was looked up on several steps
+    assert s["kv_disk_hits"] == NUM_BLOCKS  # and read once
