@@ -45,6 +45,7 @@ FORMAT = b"KVDISK1\n"        # magic and format version: an older layout is a fo
 SUFFIX = ".kvb"
 MEDIUM_DISK = "DISK"          # KV events' medium for this tier (vLLM's pool is "GPU", its offload "CPU")
 WRITE_MODES = ("evict", "save")
+ROOT = object()               # a first block's parent: the chain's seed (its salt's root hash)
 _LEN = struct.Struct("<I")
 _SUM = struct.Struct("<Q")
 
@@ -281,10 +282,9 @@ class DiskTier:
         """The pool saved a block (remember its parent's hash; "save" mode: write it after
         the commit), or is evicting one (write it now: the forward will overwrite its K/V)."""
         if event.kind == "save":
-            block = self.blocks[event.block_id]
-            parent = self.blocks[block.parent[0]].block_hash if block.parent else \
-                self.cache.root_hash(block.salt)
-            self._parent_of[event.block_id] = parent
+            block = self.blocks[event.block_id]  # its parent is cached (or it is a first block)
+            self._parent_of[event.block_id] = (self.blocks[block.parent[0]].block_hash
+                                               if block.parent else ROOT)
             if self.write == "save":
                 self._pending[event.block_id] = event.block_hash
         elif event.kind == "evict":
@@ -308,6 +308,8 @@ class DiskTier:
         parent = self._parent_of.get(block.block_id)
         if parent is None or block.block_hash is None:
             return  # its save was before a reset or a weight change: not this namespace's
+        if parent is ROOT:  # the chain's seed, hashed here and not in a commit (a salt's hash)
+            parent = self.cache.root_hash(block.salt)
         path = self.path_of(block.block_hash)
         if path in self.index.files:  # already there (it was loaded from disk, or saved before)
             self.index.touch(path)
