@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from core import kv_disk
-from helpers import greedy, make_llm, random_prompt
+from helpers import assert_no_leak, greedy, make_llm, random_prompt
 from vllm_api.kv_events import BlockRemoved, BlockStored
 
 PATHS = {"plain": dict(fast_paths=False), "fast": {}, "int8": dict(quantization="int8")}
@@ -95,6 +95,7 @@ def test_preemption_and_aborts_with_the_tier(llama_dir, tmp_path):
     llm.llm_engine.step()
     llm.llm_engine.abort_request([rid])
     assert [list(o.outputs[0].token_ids) for o in llm.generate(prompts, greedy(10), use_tqdm=False)] == expected
+    assert_no_leak(llm)
 
 
 # ------------------------------------------------------------------ each way a file can be wrong
@@ -299,6 +300,7 @@ def test_a_failed_step_leaves_the_tier_and_the_map_as_they_were(llama_dir, tmp_p
     assert {p: p.read_bytes() for p in files(tmp_path)} == before
     assert tokens_of(llm) == first
     assert {p: p.read_bytes() for p in files(tmp_path)}.items() >= before.items()
+    assert_no_leak(llm)
 
 
 def test_kv_events_name_the_disk_medium(llama_dir, tmp_path):
@@ -337,3 +339,31 @@ def test_a_waiting_request_reads_its_blocks_from_disk_once(llama_dir, tmp_path):
     s = stats(llm)
     assert s["steps"] > N + 1  # it did wait: it was looked up on several steps
     assert s["kv_disk_hits"] == NUM_BLOCKS  # and read once
+
+
+def test_an_interrupt_during_an_eviction_write_fails_only_that_step(llama_dir, tmp_path, monkeypatch):
+    """Evict mode writes while the step plans: an interrupt there stops the step before its
+    forward; the next step plans again, the evicted block's file is whole or absent."""
+    other = random_prompt(40, seed=53)
+    small = dict(block_size=BS, num_kv_blocks=11)
+    cold = make_llm(llama_dir, **small)
+    expected = [tokens_of(cold), tokens_of(cold, other)]
+    llm = make_llm(llama_dir, kv_disk_dir=str(tmp_path), **small)
+    assert tokens_of(llm) == expected[0]
+    real, calls = os.fsync, []
+
+    def fsync(fd):
+        calls.append(fd)
+        if len(calls) == 2:
+            raise KeyboardInterrupt("during an eviction's write")
+        return real(fd)
+
+    monkeypatch.setattr(kv_disk.os, "fsync", fsync)
+    with pytest.raises(KeyboardInterrupt):
+        tokens_of(llm, other)
+    assert tokens_of(llm, other) == expected[1]
+    assert tokens_of(llm) == expected[0]
+    assert_no_leak(llm)
+    assert not list(Path(tmp_path).rglob("*.tmp"))
+    for path in files(tmp_path):
+        kv_disk._unpack(path.read_bytes())
