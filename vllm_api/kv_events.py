@@ -12,6 +12,8 @@ The stream listens to the prefix cache's trace (prefix_cache.py): "save" becomes
 ``BlockStored`` (consecutive saves of one request merge into one event, as vLLM groups a
 request's blocks cached in one step), "evict" ``BlockRemoved``, a reset's "forget"s
 ``BlockRemoved`` -- or, when the reset emptied the map ("clear"), one ``AllBlocksCleared``.
+With the disk tier on (core/kv_disk.py), its writes and budget removals are ``BlockStored`` /
+``BlockRemoved`` with ``medium="DISK"`` (the pool's carry "GPU", vLLM's name for its own pool).
 Batches are flushed by the vLLM layer after each ``LLMEngine.step()``, at the end of each
 ``generate()`` and after a reset. Block hashes are sent as vLLM sends them: the low 64 bits.
 """
