@@ -156,8 +156,6 @@ class EngineCore:
             if self.model_runner.weights_changed():  # K/V of the old weights is never served again
                 self.reset_prefix_cache(reset_running_requests=True)
                 self.model_runner.note_weights()
-                if self.prefix_cache.tier.enabled:  # the disk tier: the new weights' namespace
-                    self.prefix_cache.tier.new_weights()
             plan = self.scheduler.schedule()
             if not plan.chunks:
                 if self.scheduler.has_unfinished:
@@ -286,6 +284,8 @@ class EngineCore:
             if self._plan_running:
                 return False
             self.model_runner.backend.rederive()
+            if self.prefix_cache.tier.enabled:  # the disk tier: the weights' namespace, again
+                self.prefix_cache.tier.new_weights()
             if reset_running_requests:
                 for seq in list(reversed(self.scheduler.running)):
                     self.scheduler.preempt(seq)

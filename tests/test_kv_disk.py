@@ -367,3 +367,16 @@ def test_an_interrupt_during_an_eviction_write_fails_only_that_step(llama_dir, t
     assert not list(Path(tmp_path).rglob("*.tmp"))
     for path in files(tmp_path):
         kv_disk._unpack(path.read_bytes())
+
+
+def test_weights_written_unseen_then_reset_move_to_a_new_namespace(llama_dir, tmp_path):
+    """``param.data`` writes are not seen by version counters; ``reset_prefix_cache()`` is the
+    call that makes them seen -- by the tier's namespace too."""
+    llm = make_llm(llama_dir, block_size=BS, kv_disk_dir=str(tmp_path), kv_disk_write="save")
+    tokens_of(llm)
+    old = tier_of(llm).namespace
+    llm.llm_engine.model.norm.weight.data.mul_(1.5)
+    llm.reset_prefix_cache()
+    assert tier_of(llm).namespace != old
+    tokens_of(llm)
+    assert stats(llm)["kv_disk_hits"] == 0
