@@ -190,45 +190,74 @@ inline __m512i lane_index(Kind kind) {
                             : _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0);
 }
 
+// One pair of blocks (p) of one weight row against M quantized input rows, into acc[M].
+template <Kind K, int M>
+inline void pair_dots(const uint8_t* w, int64_t p, __m512 dw_lanes, const Quantized& a, int64_t first,
+                      __m512* acc) {
+  const Pair<K> pair(w, p);
+  const int64_t k = a.k, np = a.pairs();
+  for (int m = 0; m < M; ++m) {
+    const uint8_t* q = a.q.data() + (first + m) * k + p * 64;
+    const __m512 scaled = _mm512_mul_ps(_mm512_cvtepi32_ps(pair.dot(q)),
+                                        _mm512_loadu_ps(a.lanes.data() + ((first + m) * np + p) * 16));
+    acc[m] = _mm512_fmadd_ps(scaled, dw_lanes, acc[m]);
+  }
+}
+
+// Q4_0's offset of 8 for M input rows: sum over blocks of -8 * sum(q) * d_activation * d_weight.
+template <int M>
+inline void offsets(const at::Half* ws, const Quantized& a, int64_t first, float* dots) {
+  const int64_t nb = a.blocks;
+  __m512 acc[M];
+  for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < nb; g += 16) {
+    const __mmask16 mask = static_cast<__mmask16>((1u << std::min<int64_t>(16, nb - g)) - 1);
+    const __m512 dw = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, ws + g));
+    for (int m = 0; m < M; ++m)
+      acc[m] = _mm512_fmadd_ps(dw, _mm512_maskz_loadu_ps(mask, a.offset.data() + (first + m) * nb + g), acc[m]);
+  }
+  for (int m = 0; m < M; ++m) dots[m] += _mm512_reduce_add_ps(acc[m]);
+}
+
 // One weight row against M quantized input rows (first: the first of them): M dot products.
-// Blocks are walked 16 at a time (one load of their scales); two accumulators per input row so
-// that one row's sums do not wait on each other.
+// Blocks are walked 16 at a time (one load of their scales); one or two rows take two pairs a
+// step into two accumulators, so that a row's sums do not wait on each other.
 template <Kind K, int M>
 void row_dots(const uint8_t* w, const at::Half* ws, const Quantized& a, int64_t first, float* dots) {
-  const int64_t k = a.k, nb = a.blocks, np = a.pairs();
-  __m512 acc[2][M], offset[M];
-  for (int m = 0; m < M; ++m) acc[0][m] = acc[1][m] = offset[m] = _mm512_setzero_ps();
+  constexpr int A = M <= 2 ? 2 : 1;  // pairs a step
+  const int64_t nb = a.blocks, np = a.pairs();
+  __m512 acc[A][M];
+  for (int j = 0; j < A; ++j)
+    for (int m = 0; m < M; ++m) acc[j][m] = _mm512_setzero_ps();
   const __m512i first_lanes = lane_index(K), two = _mm512_set1_epi32(2);
   for (int64_t g = 0; g < nb; g += 16) {
     const int64_t count = std::min<int64_t>(16, nb - g);
-    const __mmask16 mask = static_cast<__mmask16>((1u << count) - 1);
-    const __m512 dw = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, ws + g));
-    if constexpr (K == Kind::q4_0)
-      for (int m = 0; m < M; ++m)
-        offset[m] = _mm512_fmadd_ps(dw, _mm512_maskz_loadu_ps(mask, a.offset.data() + (first + m) * nb + g), offset[m]);
+    const __m512 dw = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(static_cast<__mmask16>((1u << count) - 1), ws + g));
     __m512i index = first_lanes;
     const int64_t pair_end = std::min(np, (g + count) / 2);
-    for (int64_t p = g / 2; p < pair_end; ++p) {
-      const Pair<K> pair(w, p);
-      const __m512 dw_lanes = _mm512_permutexvar_ps(index, dw);
-      index = _mm512_add_epi32(index, two);
-      __m512* sums = acc[p & 1];
-      for (int m = 0; m < M; ++m) {
-        const uint8_t* q = a.q.data() + (first + m) * k + p * 64;
-        const __m512 scales = _mm512_mul_ps(dw_lanes, _mm512_loadu_ps(a.lanes.data() + ((first + m) * np + p) * 16));
-        sums[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(pair.dot(q)), scales, sums[m]);
+    int64_t p = g / 2;
+    for (; p + A <= pair_end; p += A)
+      for (int j = 0; j < A; ++j) {
+        pair_dots<K, M>(w, p + j, _mm512_permutexvar_ps(index, dw), a, first, acc[j]);
+        index = _mm512_add_epi32(index, two);
       }
+    for (; p < pair_end; ++p) {
+      pair_dots<K, M>(w, p, _mm512_permutexvar_ps(index, dw), a, first, acc[0]);
+      index = _mm512_add_epi32(index, two);
     }
   }
   for (int m = 0; m < M; ++m) {
-    float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0][m], acc[1][m]), offset[m]));
+    __m512 sum = acc[0][m];
+    for (int j = 1; j < A; ++j) sum = _mm512_add_ps(sum, acc[j][m]);
+    float s = _mm512_reduce_add_ps(sum);
     if (nb % 2) {
       const int64_t b = nb - 1;
       const float scale = static_cast<float>(ws[b]) * a.d[(first + m) * nb + b];
-      s += static_cast<float>(last_block<K>(w, b, a.q.data() + (first + m) * k + b * BLOCK)) * scale;
+      s += static_cast<float>(last_block<K>(w, b, a.q.data() + (first + m) * a.k + b * BLOCK)) * scale;
     }
     dots[m] = s;
   }
+  if constexpr (K == Kind::q4_0) offsets<M>(ws, a, first, dots);
 }
 
 // dots [rows, m] for weight rows [begin, begin + rows) and input rows [first, first + m).
