@@ -985,6 +985,14 @@ def format_of(part: nn.Module) -> WeightFormat:
     return getattr(part, "weight_format", None) or UNQUANTIZED
 
 
+def _in_format(linear: Linear, weight_format: WeightFormat, name: str) -> FormatLinear:
+    """``linear`` in ``weight_format``; a shape the format refuses is refused naming the part."""
+    try:
+        return FormatLinear.of(linear, weight_format)
+    except ValueError as err:
+        raise ValueError(f"{name}: {err}") from None
+
+
 def quantized(model: CausalLM, quantization: str | None) -> CausalLM:
     """``model`` with its weights in the format ``quantization`` names (None: as loaded), in
     place: every model.py ``Linear`` (a subclass with its own math is left as it is) and, as
@@ -993,10 +1001,10 @@ def quantized(model: CausalLM, quantization: str | None) -> CausalLM:
     if weight_format is None:
         return model.eval()
     tied = model.config.tie_word_embeddings
-    for module in list(model.modules()):
+    for prefix, module in list(model.named_modules()):
         for name, child in list(module.named_children()):
             if type(child) is Linear and not (tied and child is model.lm_head):
-                setattr(module, name, FormatLinear.of(child, weight_format))
+                setattr(module, name, _in_format(child, weight_format, f"{prefix}.{name}".lstrip(".")))
     embedding_format = weight_format.embedding_format()
     if embedding_format is not None:
         model.embed_tokens = FormatEmbedding.of(model.embed_tokens, embedding_format, model.dtype)

@@ -6,7 +6,9 @@ this registry, so a registered format is accepted everywhere at once.
 """
 from __future__ import annotations
 
+from core.int4_format import Int4Format
 from core.int8_format import Int8Format
+from core.q8_0_format import Q8_0Format
 from core.weight_format import WeightFormat
 
 FORMATS: dict[str, WeightFormat] = {}
@@ -19,6 +21,8 @@ def register(weight_format: WeightFormat) -> WeightFormat:
 
 
 register(Int8Format())
+register(Int4Format())
+register(Q8_0Format())
 
 class _Names:
     """The registered names, live: ``in`` compares as a tuple's does (an unhashable value is

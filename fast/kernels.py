@@ -1,12 +1,14 @@
 """The fast layer's compiled kernels: C++ in fast/csrc/, built once per machine by torch's
 extension loader and cached on disk (``TORCH_EXTENSIONS_DIR``, by default under ~/.cache).
 
-One module, five kernel files: paged attention (csrc/attention.cpp: decode rows, prompt chunks,
+One module, six kernel files: paged attention (csrc/attention.cpp: decode rows, prompt chunks,
 and decode rows sharing a prefix), which reads keys and values straight from their blocks
 where the PyTorch kinds spend a dozen small ops per layer; bfloat16 linears of a few rows
 (csrc/small_linear.cpp), which stream each weight once at a decode step of one or a few
 sequences; linears on 8-bit weights, for a few rows (csrc/int8_linear.cpp) and on AMX's tiles
-for more (csrc/int8_tiles.cpp), which stream the int8 weight once; and a layer's glue
+for more (csrc/int8_tiles.cpp), which stream the int8 weight once; linears on llama.cpp's
+block formats Q4_0 and Q8_0 (csrc/block_linear.cpp: VNNI integer dot products against
+activations quantized per block, and panels dequantized for a matmul); and a layer's glue
 (csrc/layer_glue.cpp: RMSNorm, the heads' norm and RoPE), one call where PyTorch spends
 several small ops. csrc/simd_math.h holds the vector math two of them share. A machine without a C++ compiler (or ninja) keeps
 the PyTorch kinds and says why (``KernelBuild.reason``); nothing else changes. The first build
@@ -29,7 +31,8 @@ from torch import Tensor
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = tuple(CSRC / name for name in ("bindings.cpp", "attention.cpp", "small_linear.cpp",
-                                         "int8_linear.cpp", "int8_tiles.cpp", "layer_glue.cpp"))
+                                         "int8_linear.cpp", "int8_tiles.cpp", "block_linear.cpp",
+                                         "layer_glue.cpp"))
 HEADERS = (CSRC / "simd_math.h", CSRC / "checks.h")
 # -fopenmp: at::parallel_for is inline OpenMP; without it the kernel runs on one thread. The
 # OpenMP runtime it links is the one torch already loaded (same soname, libgomp.so.1).
@@ -72,6 +75,12 @@ class Kernels(Protocol):
     def int8_tiles(self, x: Tensor, weight: Tensor, scale: Tensor, bias: Optional[Tensor] = None,
                    silu_mul: bool = False) -> Tensor: ...
     def int8_dequantize(self, weight: Tensor, scale: Tensor, dtype) -> Tensor: ...
+    def block_linear_available(self) -> bool: ...
+    def block_linear(self, x: Tensor, weight: Tensor, scale: Tensor, bias: Optional[Tensor] = None,
+                     bits: int = 4, silu_mul: bool = False) -> Tensor: ...
+    def block_dequantize(self, weight: Tensor, scale: Tensor, bits: int, dtype) -> Tensor: ...
+    def block_dequantize_panels(self, x: Tensor, weight: Tensor, scale: Tensor, bias: Optional[Tensor] = None,
+                                bits: int = 4, silu_mul: bool = False) -> Tensor: ...
     def rms_norm(self, x: Tensor, weight: Tensor, eps: float) -> Tensor: ...
     def norm_rope(self, x: Tensor, weight: Optional[Tensor], eps: float, cos: Tensor,
                   sin: Tensor) -> Tensor: ...

@@ -22,7 +22,10 @@ The kernels' limits, as fast/csrc checks them (outside a limit the PyTorch kind 
   linear (``quantization="int8"``, fast/int8_linear.py): bfloat16 or float32 input, AVX-512 in
   the build, at most INT8_ROWS rows (more rows: one matmul on the weight the kernel module
   dequantizes); its tile linear: bfloat16 input, AMX-INT8 and AVX-512 BF16 in the build, the
-  tile registers granted by Linux, INT8_FEW_ROWS + 1 to INT8_TILE_ROWS rows.
+  tile registers granted by Linux, INT8_FEW_ROWS + 1 to INT8_TILE_ROWS rows. The block formats
+  (``quantization="int4"`` / ``"q8_0"``, fast/block_linear.py): bfloat16 or float32 input,
+  AVX-512 VNNI in the build; up to BLOCK_DOT_ROWS rows the VNNI kernel (activations quantized
+  per block), more rows dequantized panels and a matmul each.
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ from typing import Callable
 import torch
 
 from fast.attention import Routes
+from fast.block_linear import Int4Kernels, Q8_0Kernels
 from fast.format_kernels import FormatKernels
 from fast.int8_linear import Int8Kernels
 from fast.kernels import KernelBuild, Kernels, compiled_kernels
@@ -41,6 +45,8 @@ from fast.linear import onednn_linears_usable
 # computes as model.py does (its dequantized weight's matmul) on every path.
 FORMAT_KERNELS: dict[str, type[FormatKernels]] = {
     "int8": Int8Kernels,
+    "int4": Int4Kernels,
+    "q8_0": Q8_0Kernels,
 }
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)

@@ -21,6 +21,12 @@ bool int8_tiles_available();
 at::Tensor int8_tiles(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale,
                       const c10::optional<at::Tensor>& bias, bool silu_mul);
 at::Tensor int8_dequantize(const at::Tensor& weight, const at::Tensor& scale, at::ScalarType dtype);
+bool block_linear_available();
+at::Tensor block_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale,
+                        const c10::optional<at::Tensor>& bias, int64_t bits, bool silu_mul);
+at::Tensor block_dequantize(const at::Tensor& weight, const at::Tensor& scale, int64_t bits, at::ScalarType dtype);
+at::Tensor block_dequantize_panels(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale,
+                                   const c10::optional<at::Tensor>& bias, int64_t bits, bool silu_mul);
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 at::Tensor norm_rope(const at::Tensor& x, const c10::optional<at::Tensor>& weight, double eps,
                      const at::Tensor& cos, const at::Tensor& sin);
@@ -52,6 +58,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("bias") = py::none(), py::arg("silu_mul") = false);
   m.def("int8_dequantize", &int8_dequantize, "int8 weight times its row scales, in bfloat16 or float32",
         py::arg("weight"), py::arg("scale"), py::arg("dtype"));
+  m.def("block_linear_available", &block_linear_available, "built with AVX-512 VNNI");
+  m.def("block_linear", &block_linear, "linear on Q4_0 (bits 4) or Q8_0 (bits 8) block weights, the input "
+        "quantized per block of 32 to int8, VNNI dot products (optionally silu(gate) * up)", py::arg("x"),
+        py::arg("weight"), py::arg("scale"), py::arg("bias") = py::none(), py::arg("bits") = 4,
+        py::arg("silu_mul") = false);
+  m.def("block_dequantize", &block_dequantize, "a Q4_0 / Q8_0 block weight in bfloat16 or float32",
+        py::arg("weight"), py::arg("scale"), py::arg("bits"), py::arg("dtype"));
+  m.def("block_dequantize_panels", &block_dequantize_panels, "linear on Q4_0 / Q8_0 block weights, "
+        "dequantized a panel of rows at a time, one matmul each (optionally silu(gate) * up)", py::arg("x"),
+        py::arg("weight"), py::arg("scale"), py::arg("bias") = py::none(), py::arg("bits") = 4,
+        py::arg("silu_mul") = false);
   m.def("rms_norm", &rms_norm, "RMSNorm of each row, rounded as model.RMSNorm",
         py::arg("x"), py::arg("weight"), py::arg("eps"));
   m.def("norm_rope", &norm_rope, "each head's optional RMSNorm, then rotate-half RoPE",

@@ -1,0 +1,469 @@
+// Linears on llama.cpp's block formats (core/int4_format.py: Q4_0; core/q8_0_format.py: Q8_0):
+// blocks of 32 inputs, one float16 scale each, stored as GGUF lays them out.
+//
+// block_linear: the activations are quantized per block of 32 to int8 (scale max|x| / 127, round
+// to nearest even, as llama.cpp quantizes them for its Q4_0 / Q8_0 dot products), then every
+// weight row is read once and multiplied with AVX-512 VNNI's integer dot product (VPDPBUSD:
+// unsigned bytes times signed bytes, four per 32-bit lane). Each block's integer sum is
+// multiplied by the weight's and the activation's scales and summed in float32; the result is
+// rounded once to the input's dtype. Any number of rows: eight input rows share each weight
+// load, and a task's weight rows stay in cache while every group of eight passes over them.
+//
+//   Q4_0: the nibbles are the unsigned operand and the activations the signed one; the offset
+//   of 8 is taken off afterwards, per block: -8 * sum(activations) * scales.
+//   Q8_0: the weight is the signed operand, so the activations are stored + 128 (unsigned); the
+//   accumulator starts at -128 * sum(weights) of each lane, itself one VPDPBUSD with ones.
+//
+// A 64-byte vector holds two blocks. A Q4_0 pair of blocks is 32 bytes, the low nibbles being
+// elements 0..15 of each block and the high ones 16..31, so the activations of a Q4_0 linear
+// are stored in that order (0..15 of the first block, 0..15 of the second, then 16..31 of each)
+// and the weight needs no shuffle. A lone last block uses 32-byte vectors.
+//
+// block_dequantize_panels: the weight dequantized a panel of rows at a time (in the input's
+// dtype, as the format's plain path rounds it) and multiplied by one matmul per panel, for row
+// counts where the matmul's arithmetic, not the weight's bytes, is the cost: the panel stays in
+// cache and the whole matrix is never widened in memory.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "checks.h"
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__) && \
+    defined(__F16C__)
+#define STEP14_BLOCK_DOT 1
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int64_t BLOCK = 32;
+constexpr int64_t GROUP = 8;           // input rows that share each weight load
+constexpr int64_t ROWS_PER_TASK = 16;  // weight rows per parallel task
+constexpr int64_t PANEL_BYTES = 1 << 20;
+
+enum class Kind { q4_0, q8_0 };
+
+// What a block format's entry point checks, whatever it computes.
+void check_weight(const at::Tensor& weight, const at::Tensor& scale, Kind kind, int64_t k, const char* name) {
+  const bool q4 = kind == Kind::q4_0;
+  TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous() && weight.device().is_cpu() &&
+                  weight.scalar_type() == (q4 ? at::kByte : at::kChar),
+              name, ": a contiguous ", q4 ? "uint8" : "int8", " CPU weight [N, ", q4 ? "K / 2" : "K", "], got ",
+              weight.sizes(), " ", weight.scalar_type());
+  TORCH_CHECK(k % BLOCK == 0 && weight.size(1) == (q4 ? k / 2 : k), name, ": K = ", k,
+              " must be a multiple of ", BLOCK, " and match the weight's ", weight.size(1), " columns");
+  TORCH_CHECK(scale.dim() == 2 && scale.size(0) == weight.size(0) && scale.size(1) == k / BLOCK &&
+                  scale.scalar_type() == at::kHalf && scale.is_contiguous() && scale.device().is_cpu(),
+              name, ": contiguous float16 block scales [N, K / 32] = [", weight.size(0), ", ", k / BLOCK,
+              "] on the CPU, got ", scale.sizes(), " ", scale.scalar_type());
+}
+
+Kind kind_of(int64_t bits, const char* name) {
+  TORCH_CHECK(bits == 4 || bits == 8, name, ": bits 4 (Q4_0) or 8 (Q8_0), got ", bits);
+  return bits == 4 ? Kind::q4_0 : Kind::q8_0;
+}
+
+inline float silu(float g) { return g / (1.0f + std::exp(-g)); }
+
+#ifdef STEP14_BLOCK_DOT
+
+// The quantized input rows: per row K bytes in the kernel's order, per block its scale, and
+// per pair of blocks 16 floats with each lane's activation scale (the lanes' block pattern).
+struct Quantized {
+  int64_t k, blocks;
+  std::vector<uint8_t> q;       // [M, K]
+  std::vector<float> d;         // [M, blocks]: activation scale
+  std::vector<float> offset;    // [M, blocks]: Q4_0's -8 * sum(q) * d
+  std::vector<float> lanes;     // [M, pairs * 16]
+  int64_t pairs() const { return blocks / 2; }
+};
+
+// Where element e (0..31) of block b lands in a row (see the file's comment).
+inline int64_t position(Kind kind, int64_t b, int64_t e, int64_t blocks) {
+  if (kind == Kind::q8_0 || (b == blocks - 1 && blocks % 2)) return b * BLOCK + e;
+  return (b / 2) * 64 + (e / 16) * 32 + (b % 2) * 16 + e % 16;
+}
+
+// The lane pattern of a pair's 16 int32 lanes: which of the two blocks each lane sums.
+inline int lane_block(Kind kind, int lane) { return kind == Kind::q8_0 ? lane / 8 : (lane / 4) % 2; }
+
+Quantized quantize_rows(const float* x, int64_t m, int64_t k, Kind kind) {
+  Quantized out{k, k / BLOCK};
+  const int64_t nb = out.blocks;
+  out.q.resize(m * k);
+  out.d.resize(m * nb);
+  out.offset.resize(m * nb);
+  out.lanes.resize(m * out.pairs() * 16);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* xb = x + i * k + b * BLOCK;
+      const __m512 lo = _mm512_loadu_ps(xb), hi = _mm512_loadu_ps(xb + 16);
+      const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+      const float id = amax > 0.f ? 127.f / amax : 0.f;
+      // Round to nearest even (the default MXCSR mode), as torch.round does in the reference.
+      const __m512i qlo = _mm512_cvtps_epi32(_mm512_mul_ps(lo, _mm512_set1_ps(id)));
+      const __m512i qhi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, _mm512_set1_ps(id)));
+      alignas(16) int8_t q[32];
+      _mm_store_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtsepi32_epi8(qlo));
+      _mm_store_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtsepi32_epi8(qhi));
+      int32_t sum = 0;
+      uint8_t* row = out.q.data() + i * k;
+      for (int e = 0; e < 32; ++e) {
+        sum += q[e];
+        // Q8_0's activations are the unsigned operand: + 128 (flipping the sign bit).
+        row[position(kind, b, e, nb)] = static_cast<uint8_t>(kind == Kind::q8_0 ? q[e] ^ 0x80 : q[e]);
+      }
+      const float d = amax / 127.f;
+      out.d[i * nb + b] = d;
+      out.offset[i * nb + b] = -8.f * static_cast<float>(sum) * d;
+    }
+    for (int64_t p = 0; p < out.pairs(); ++p)
+      for (int lane = 0; lane < 16; ++lane)
+        out.lanes[(i * out.pairs() + p) * 16 + lane] = out.d[i * nb + 2 * p + lane_block(kind, lane)];
+  }
+  return out;
+}
+
+// The weight operand of a pair of blocks (64 values) and its lanes' start.
+template <Kind K>
+struct Pair;
+
+template <>
+struct Pair<Kind::q4_0> {
+  __m512i w, start;
+  Pair(const uint8_t* row, int64_t pair) {
+    const __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + pair * 32)));
+    w = _mm512_and_si512(_mm512_mask_blend_epi64(0xF0, v, _mm512_srli_epi16(v, 4)), _mm512_set1_epi8(0x0F));
+    start = _mm512_setzero_si512();
+  }
+  __m512i dot(const uint8_t* q) const { return _mm512_dpbusd_epi32(start, w, _mm512_loadu_si512(q)); }
+};
+
+template <>
+struct Pair<Kind::q8_0> {
+  __m512i w, start;
+  Pair(const uint8_t* row, int64_t pair) {
+    w = _mm512_loadu_si512(row + pair * 64);
+    const __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), w);
+    start = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sums, 7));  // -128 * sum(w)
+  }
+  __m512i dot(const uint8_t* q) const { return _mm512_dpbusd_epi32(start, _mm512_loadu_si512(q), w); }
+};
+
+// The lone last block of an odd count, 32-byte vectors: its exact integer dot product.
+template <Kind K>
+inline int32_t last_block(const uint8_t* row, int64_t b, const uint8_t* q) {
+  __m256i w, start;
+  const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+  if constexpr (K == Kind::q4_0) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + b * 16));
+    const __m128i nib = _mm_set1_epi8(0x0F);
+    w = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(v, nib)),
+                                _mm_and_si128(_mm_srli_epi16(v, 4), nib), 1);
+    const __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, a);
+    alignas(32) int32_t lanes[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), dot);
+    int32_t s = 0;
+    for (int j = 0; j < 8; ++j) s += lanes[j];
+    return s;
+  } else {
+    w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * 32));
+    const __m256i sums = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), w);
+    start = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sums, 7));
+    const __m256i dot = _mm256_dpbusd_epi32(start, a, w);
+    alignas(32) int32_t lanes[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), dot);
+    int32_t s = 0;
+    for (int j = 0; j < 8; ++j) s += lanes[j];
+    return s;
+  }
+}
+
+inline __m512i lane_index(Kind kind) {
+  return kind == Kind::q8_0 ? _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0)
+                            : _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0);
+}
+
+// One pair of blocks (p) of one weight row against M quantized input rows, into acc[M].
+template <Kind K, int M>
+inline void pair_dots(const uint8_t* w, int64_t p, __m512 dw_lanes, const Quantized& a, int64_t first,
+                      __m512* acc) {
+  const Pair<K> pair(w, p);
+  const int64_t k = a.k, np = a.pairs();
+  for (int m = 0; m < M; ++m) {
+    const uint8_t* q = a.q.data() + (first + m) * k + p * 64;
+    const __m512 scaled = _mm512_mul_ps(_mm512_cvtepi32_ps(pair.dot(q)),
+                                        _mm512_loadu_ps(a.lanes.data() + ((first + m) * np + p) * 16));
+    acc[m] = _mm512_fmadd_ps(scaled, dw_lanes, acc[m]);
+  }
+}
+
+// Q4_0's offset of 8 for M input rows: sum over blocks of -8 * sum(q) * d_activation * d_weight.
+template <int M>
+inline void offsets(const at::Half* ws, const Quantized& a, int64_t first, float* dots) {
+  const int64_t nb = a.blocks;
+  __m512 acc[M];
+  for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < nb; g += 16) {
+    const __mmask16 mask = static_cast<__mmask16>((1u << std::min<int64_t>(16, nb - g)) - 1);
+    const __m512 dw = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, ws + g));
+    for (int m = 0; m < M; ++m)
+      acc[m] = _mm512_fmadd_ps(dw, _mm512_maskz_loadu_ps(mask, a.offset.data() + (first + m) * nb + g), acc[m]);
+  }
+  for (int m = 0; m < M; ++m) dots[m] += _mm512_reduce_add_ps(acc[m]);
+}
+
+// One weight row against M quantized input rows (first: the first of them): M dot products.
+// Blocks are walked 16 at a time (one load of their scales); one or two rows take two pairs a
+// step into two accumulators, so that a row's sums do not wait on each other.
+template <Kind K, int M>
+void row_dots(const uint8_t* w, const at::Half* ws, const Quantized& a, int64_t first, float* dots) {
+  constexpr int A = M <= 2 ? 2 : 1;  // pairs a step
+  const int64_t nb = a.blocks, np = a.pairs();
+  __m512 acc[A][M];
+  for (int j = 0; j < A; ++j)
+    for (int m = 0; m < M; ++m) acc[j][m] = _mm512_setzero_ps();
+  const __m512i first_lanes = lane_index(K), two = _mm512_set1_epi32(2);
+  for (int64_t g = 0; g < nb; g += 16) {
+    const int64_t count = std::min<int64_t>(16, nb - g);
+    const __m512 dw = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(static_cast<__mmask16>((1u << count) - 1), ws + g));
+    __m512i index = first_lanes;
+    const int64_t pair_end = std::min(np, (g + count) / 2);
+    int64_t p = g / 2;
+    for (; p + A <= pair_end; p += A)
+      for (int j = 0; j < A; ++j) {
+        pair_dots<K, M>(w, p + j, _mm512_permutexvar_ps(index, dw), a, first, acc[j]);
+        index = _mm512_add_epi32(index, two);
+      }
+    for (; p < pair_end; ++p) {
+      pair_dots<K, M>(w, p, _mm512_permutexvar_ps(index, dw), a, first, acc[0]);
+      index = _mm512_add_epi32(index, two);
+    }
+  }
+  for (int m = 0; m < M; ++m) {
+    __m512 sum = acc[0][m];
+    for (int j = 1; j < A; ++j) sum = _mm512_add_ps(sum, acc[j][m]);
+    float s = _mm512_reduce_add_ps(sum);
+    if (nb % 2) {
+      const int64_t b = nb - 1;
+      const float scale = static_cast<float>(ws[b]) * a.d[(first + m) * nb + b];
+      s += static_cast<float>(last_block<K>(w, b, a.q.data() + (first + m) * a.k + b * BLOCK)) * scale;
+    }
+    dots[m] = s;
+  }
+  if constexpr (K == Kind::q4_0) offsets<M>(ws, a, first, dots);
+}
+
+// dots [rows, m] for weight rows [begin, begin + rows) and input rows [first, first + m).
+template <Kind K>
+void rows_dots(const uint8_t* w, const at::Half* ws, int64_t begin, int64_t rows, const Quantized& a,
+               int64_t first, int64_t m, float* dots) {
+  const int64_t row_bytes = K == Kind::q4_0 ? a.k / 2 : a.k, nb = a.blocks;
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* row = w + (begin + r) * row_bytes;
+    const at::Half* scales = ws + (begin + r) * nb;
+    float* out = dots + r * GROUP;
+    switch (m) {
+      case 1: row_dots<K, 1>(row, scales, a, first, out); break;
+      case 2: row_dots<K, 2>(row, scales, a, first, out); break;
+      case 3: row_dots<K, 3>(row, scales, a, first, out); break;
+      case 4: row_dots<K, 4>(row, scales, a, first, out); break;
+      case 5: row_dots<K, 5>(row, scales, a, first, out); break;
+      case 6: row_dots<K, 6>(row, scales, a, first, out); break;
+      case 7: row_dots<K, 7>(row, scales, a, first, out); break;
+      case 8: row_dots<K, 8>(row, scales, a, first, out); break;
+      default: TORCH_CHECK(false, "block_linear: a group of ", m, " rows");  // groups hold 1..GROUP
+    }
+  }
+}
+
+template <Kind K>
+void block_linear_into(const Quantized& a, int64_t m, const at::Tensor& weight, const at::Tensor& scale,
+                       const float* bias, bool silu_mul, float* out, int64_t width) {
+  const uint8_t* w = static_cast<const uint8_t*>(weight.data_ptr());
+  const at::Half* ws = scale.data_ptr<at::Half>();
+  at::parallel_for(0, width, ROWS_PER_TASK, [&](int64_t begin, int64_t end) {
+    const int64_t rows = end - begin;
+    std::vector<float> gate(rows * GROUP), up(silu_mul ? rows * GROUP : 0);
+    for (int64_t first = 0; first < m; first += GROUP) {
+      const int64_t group = std::min(GROUP, m - first);
+      rows_dots<K>(w, ws, begin, rows, a, first, group, gate.data());
+      if (silu_mul) rows_dots<K>(w, ws, width + begin, rows, a, first, group, up.data());
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t i = 0; i < group; ++i) {
+          const int64_t g_row = begin + r, u_row = width + begin + r;
+          float g = gate[r * GROUP + i] + (bias ? bias[g_row] : 0.f);
+          if (silu_mul) g = silu(g) * (up[r * GROUP + i] + (bias ? bias[u_row] : 0.f));
+          out[(first + i) * width + g_row] = g;
+        }
+    }
+  });
+}
+
+#endif  // STEP14_BLOCK_DOT
+
+// One weight row dequantized: value * scale in float32 (as the format's plain path computes it),
+// then rounded once (to nearest even) where the output is bfloat16.
+template <typename Out>
+void dequantize_row(const uint8_t* row, const at::Half* ws, int64_t k, Kind kind, Out* out) {
+  for (int64_t b = 0; b < k / BLOCK; ++b) {
+    const float d = static_cast<float>(ws[b]);
+    alignas(64) float o[BLOCK];
+#ifdef STEP14_BLOCK_DOT
+    __m512 lo, hi;
+    if (kind == Kind::q4_0) {
+      const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + b * 16)));
+      const __m512i eight = _mm512_set1_epi32(8);
+      lo = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(v, _mm512_set1_epi32(15)), eight));
+      hi = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(v, 4), eight));
+    } else {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * BLOCK));
+      lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(v)));
+      hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(v, 1)));
+    }
+    lo = _mm512_mul_ps(lo, _mm512_set1_ps(d));
+    hi = _mm512_mul_ps(hi, _mm512_set1_ps(d));
+    if constexpr (std::is_same_v<Out, float>) {
+      _mm512_storeu_ps(out + b * BLOCK, lo);
+      _mm512_storeu_ps(out + b * BLOCK + 16, hi);
+      continue;
+    }
+#if defined(__AVX512BF16__)
+    if constexpr (std::is_same_v<Out, at::BFloat16>) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + b * BLOCK), (__m256i)_mm512_cvtneps_pbh(lo));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + b * BLOCK + 16), (__m256i)_mm512_cvtneps_pbh(hi));
+      continue;
+    }
+#endif
+    _mm512_store_ps(o, lo);
+    _mm512_store_ps(o + 16, hi);
+#else
+    for (int j = 0; j < 32; ++j) {
+      const int q = kind == Kind::q4_0 ? (j < 16 ? row[b * 16 + j] & 15 : row[b * 16 + j - 16] >> 4) - 8
+                                       : static_cast<int>(reinterpret_cast<const int8_t*>(row)[b * BLOCK + j]);
+      o[j] = static_cast<float>(q) * d;
+    }
+#endif
+    for (int j = 0; j < 32; ++j) out[b * BLOCK + j] = static_cast<Out>(o[j]);
+  }
+}
+
+// Weight rows [first, first + rows) dequantized into rows [panel_row, ...) of ``panel``
+// ([*, K], float32 or bfloat16).
+void dequantize_rows(const at::Tensor& weight, const at::Tensor& scale, Kind kind, int64_t first, int64_t rows,
+                     at::Tensor& panel, int64_t panel_row) {
+  const int64_t k = scale.size(1) * BLOCK, row_bytes = weight.size(1), nb = scale.size(1);
+  const uint8_t* w = static_cast<const uint8_t*>(weight.data_ptr());
+  const at::Half* ws = scale.data_ptr<at::Half>();
+  const bool to_float = panel.scalar_type() == at::kFloat;
+  at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const uint8_t* src = w + (first + r) * row_bytes;
+      if (to_float)
+        dequantize_row(src, ws + (first + r) * nb, k, kind, panel.data_ptr<float>() + (panel_row + r) * k);
+      else
+        dequantize_row(src, ws + (first + r) * nb, k, kind, panel.data_ptr<at::BFloat16>() + (panel_row + r) * k);
+    }
+  });
+}
+
+void check_input(const at::Tensor& x, const char* name) {
+  TORCH_CHECK(x.dim() == 2 && x.device().is_cpu() &&
+                  (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat),
+              name, ": x [M, K] bfloat16 or float32 on the CPU, got ", x.sizes(), " ", x.scalar_type());
+}
+
+}  // namespace
+
+bool block_linear_available() {
+#ifdef STEP14_BLOCK_DOT
+  return true;
+#else
+  return false;
+#endif
+}
+
+// x [M, K] bfloat16 or float32 (any M), weight in the block format ``bits`` names (4: Q4_0
+// uint8 [N, K / 2]; 8: Q8_0 int8 [N, K]), scale float16 [N, K / 32], bias [N] or undefined.
+// silu_mul: the weight is a gate and an up projection stacked ([2I, ...]); returns
+// silu(x gate^T) * (x up^T) [M, I], else x weight^T + bias [M, N], in x's dtype.
+at::Tensor block_linear(const at::Tensor& x_in, const at::Tensor& weight, const at::Tensor& scale,
+                        const c10::optional<at::Tensor>& bias, int64_t bits, bool silu_mul) {
+  TORCH_CHECK(block_linear_available(), "block_linear: built without AVX-512 VNNI");
+  const Kind kind = kind_of(bits, "block_linear");
+  check_input(x_in, "block_linear");
+  check_weight(weight, scale, kind, x_in.size(1), "block_linear");
+  check_bias(bias, weight.size(0), "block_linear");
+  TORCH_CHECK(!silu_mul || weight.size(0) % 2 == 0, "block_linear: silu_mul needs gate and up rows");
+  const at::Tensor x = x_in.to(at::kFloat).contiguous();
+  const int64_t m = x.size(0), k = x.size(1), n = weight.size(0), width = silu_mul ? n / 2 : n;
+  at::Tensor out = at::empty({m, width}, x.options());  // float32 sums, rounded once at the end
+  if (m == 0 || width == 0) return out.to(x_in.scalar_type());  // nothing to read
+#ifdef STEP14_BLOCK_DOT
+  at::Tensor bias_f;
+  const float* b = nullptr;
+  if (bias.has_value() && bias->defined()) {
+    bias_f = bias->to(at::kFloat).contiguous();
+    b = bias_f.data_ptr<float>();
+  }
+  const Quantized a = quantize_rows(x.data_ptr<float>(), m, k, kind);
+  if (kind == Kind::q4_0)
+    block_linear_into<Kind::q4_0>(a, m, weight, scale, b, silu_mul, out.data_ptr<float>(), width);
+  else
+    block_linear_into<Kind::q8_0>(a, m, weight, scale, b, silu_mul, out.data_ptr<float>(), width);
+#endif
+  return out.to(x_in.scalar_type());
+}
+
+// The block weight as a [N, K] tensor of ``dtype`` (bfloat16 or float32), each value rounded
+// once as the format's plain path rounds it: the reference for tests, not a compute path.
+at::Tensor block_dequantize(const at::Tensor& weight, const at::Tensor& scale, int64_t bits, at::ScalarType dtype) {
+  const Kind kind = kind_of(bits, "block_dequantize");
+  TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kFloat, "block_dequantize: to bfloat16 or float32");
+  TORCH_CHECK(scale.dim() == 2, "block_dequantize: float16 block scales [N, K / 32]");
+  const int64_t k = scale.size(1) * BLOCK;
+  check_weight(weight, scale, kind, k, "block_dequantize");
+  at::Tensor out = at::empty({weight.size(0), k}, weight.options().dtype(dtype));
+  dequantize_rows(weight, scale, kind, 0, weight.size(0), out, 0);
+  return out;
+}
+
+// As block_linear, computed on the weight dequantized a panel of rows at a time (about 1 MiB
+// of them in x's dtype; gate and up rows of a panel together) and one matmul per panel.
+at::Tensor block_dequantize_panels(const at::Tensor& x_in, const at::Tensor& weight, const at::Tensor& scale,
+                                   const c10::optional<at::Tensor>& bias, int64_t bits, bool silu_mul) {
+  const Kind kind = kind_of(bits, "block_dequantize_panels");
+  check_input(x_in, "block_dequantize_panels");
+  check_weight(weight, scale, kind, x_in.size(1), "block_dequantize_panels");
+  check_bias(bias, weight.size(0), "block_dequantize_panels");
+  TORCH_CHECK(!silu_mul || weight.size(0) % 2 == 0, "block_dequantize_panels: silu_mul needs gate and up rows");
+  const at::Tensor x = x_in.contiguous();
+  const int64_t m = x.size(0), k = x.size(1), n = weight.size(0), width = silu_mul ? n / 2 : n;
+  at::Tensor out = at::empty({m, width}, x.options());
+  if (m == 0 || width == 0) return out;
+  const int64_t parts = silu_mul ? 2 : 1;
+  const int64_t rows = std::max<int64_t>(16, PANEL_BYTES / (k * x.element_size() * parts) / 16 * 16);
+  at::Tensor bias_x;
+  if (bias.has_value() && bias->defined()) bias_x = bias->to(x.scalar_type());
+  for (int64_t p = 0; p < width; p += rows) {
+    const int64_t count = std::min(rows, width - p);
+    at::Tensor panel = at::empty({parts * count, k}, x.options());
+    for (int64_t part = 0; part < parts; ++part)
+      dequantize_rows(weight, scale, kind, part * width + p, count, panel, part * count);
+    at::Tensor y = at::matmul(x, panel.t());
+    if (bias_x.defined()) {
+      at::Tensor b = parts == 1 ? bias_x.narrow(0, p, count)
+                                : at::cat({bias_x.narrow(0, p, count), bias_x.narrow(0, width + p, count)});
+      y.add_(b);
+    }
+    if (silu_mul) y = at::silu(y.narrow(1, 0, count)).mul_(y.narrow(1, count, count));
+    out.narrow(1, p, count).copy_(y);
+  }
+  return out;
+}
