@@ -294,7 +294,7 @@ def test_other_quantizations_are_refused_by_name(llama_dir):
     from engine import LLM
     with pytest.raises(ValueError, match="Unknown quantization method: fp8"):
         LLM(llama_dir, quantization="fp8")
-    with pytest.raises(ValueError, match="quantization 'int4' is not supported"):
-        load_model(llama_dir, torch.float32, torch.device("cpu"), quantization="int4")
+    with pytest.raises(ValueError, match="quantization 'int3' is not supported; supported: int8, int4, q8_0"):
+        load_model(llama_dir, torch.float32, torch.device("cpu"), quantization="int3")
     with pytest.raises(ValueError, match="quantization_config"):
         LLM(llama_dir, quantization_config={"quant_method": "awq"})

@@ -218,7 +218,7 @@ OWNERS = {
     "vLLM's wording of the core's errors":
         (r"\b(as_vllm_error|in_vllms_words)\(", {"vllm_api/validation.py", "vllm_api/intake.py",
                                                    "vllm_api/sampling_params.py"}),
-    "8-bit weights' storage dtype": (r"torch\.int8\b", {"core/int8_format.py"}),
+    "8-bit weights' storage dtype": (r"torch\.int8\b", {"core/int8_format.py", "core/q8_0_format.py"}),
 }
 
 
@@ -233,7 +233,7 @@ def test_each_fact_has_one_owner():
     """Block identity and eviction live with the map (prefix_cache.py: the pool never writes
     them and never calls up into the cache), ref counts with the pool (block_manager.py),
     vLLM's words at the vLLM layer's door (vllm_api/intake.py, and SamplingParams' own
-    construction), a weight format's dtype in its own file."""
+    construction), a weight format's dtype in its own file(s)."""
     import re
     sources = engine_sources()
     wrong = [f"{fact}: {path}" for fact, (pattern, owners) in OWNERS.items()
