@@ -22,9 +22,8 @@ What this format decides:
 from __future__ import annotations
 
 import torch
-from torch import nn
 
-from core.q8_0_format import BLOCK, Q8_0Format, blocks_of
+from core.q8_0_format import BLOCK, Q8_0Format, block_parameters, blocks_of
 from core.weight_format import WeightFormat
 
 
@@ -59,13 +58,7 @@ class Int4Format(WeightFormat):
     parameters = ("weight", "weight_scale")
 
     def create_weights(self, rows, columns, dtype, device):
-        if columns % BLOCK:
-            raise ValueError(f"int4: a [{rows}, {columns}] weight: its columns are not a multiple "
-                             f"of the block size {BLOCK}")
-        return {"weight": nn.Parameter(torch.empty(rows, columns // 2, dtype=torch.uint8, device=device),
-                                       requires_grad=False),
-                "weight_scale": nn.Parameter(torch.empty(rows, columns // BLOCK, dtype=torch.float16,
-                                                         device=device), requires_grad=False)}
+        return block_parameters(self.name, rows, columns, columns // 2, torch.uint8, device)
 
     def quantize(self, weight):
         packed, scale = quantize_q4_0(weight)

@@ -53,13 +53,7 @@ class Q8_0Format(WeightFormat):
     parameters = ("weight", "weight_scale")
 
     def create_weights(self, rows, columns, dtype, device):
-        if columns % BLOCK:
-            raise ValueError(f"q8_0: a [{rows}, {columns}] weight: its columns are not a multiple "
-                             f"of the block size {BLOCK}")
-        return {"weight": nn.Parameter(torch.empty(rows, columns, dtype=torch.int8, device=device),
-                                       requires_grad=False),
-                "weight_scale": nn.Parameter(torch.empty(rows, columns // BLOCK, dtype=torch.float16,
-                                                         device=device), requires_grad=False)}
+        return block_parameters(self.name, rows, columns, columns, torch.int8, device)
 
     def quantize(self, weight):
         values, scale = quantize_q8_0(weight)
@@ -67,3 +61,16 @@ class Q8_0Format(WeightFormat):
 
     def dequantize(self, stored, dtype):
         return dequantize_q8_0(stored["weight"], stored["weight_scale"], dtype)
+
+
+def block_parameters(name: str, rows: int, columns: int, stored_columns: int, stored: torch.dtype,
+                     device) -> dict[str, nn.Parameter]:
+    """A block format's parameters: ``weight`` ``[rows, stored_columns]`` of ``stored`` and float16
+    ``weight_scale`` ``[rows, columns / 32]``; columns not a multiple of 32 are refused."""
+    if columns % BLOCK:
+        raise ValueError(f"{name}: a [{rows}, {columns}] weight: its columns are not a multiple "
+                         f"of the block size {BLOCK}")
+    return {"weight": nn.Parameter(torch.empty(rows, stored_columns, dtype=stored, device=device),
+                                   requires_grad=False),
+            "weight_scale": nn.Parameter(torch.empty(rows, columns // BLOCK, dtype=torch.float16,
+                                                     device=device), requires_grad=False)}
