@@ -620,15 +620,31 @@ def load_model(path: str | Path, dtype: str | torch.dtype | None, device: torch.
     hf_config = read_hf_config(path, trust_remote_code)
     cfg = ModelConfig.from_hf(hf_config, str(path / "config.json"))
     torch_dtype = resolve_dtype(dtype, hf_config, device)
-    with torch.device("meta"):
-        model = CausalLM(cfg)
-    model = model.to_empty(device=device).to(torch_dtype)
-    if cfg.tie_word_embeddings:  # to_empty() materialises shared parameters separately
-        model.lm_head.weight = model.embed_tokens.weight
-    # Buffers (RoPE tables) were on meta: rebuild them for real, kept in float32.
-    model.rope = RotaryEmbedding(cfg.head_dim, cfg.rope_parameters, cfg.max_position_embeddings).to(device)
+    model = empty_model(cfg, torch_dtype, device)
     _load_weights(model, path, torch_dtype)
     return quantized(model, quantization)
+
+
+def empty_model(cfg: ModelConfig, dtype: torch.dtype, device: torch.device,
+                part_formats: Mapping[str, WeightFormat] | None = None) -> CausalLM:
+    """The model of ``cfg`` on ``device``, its weights uninitialised, to be loaded.
+    ``part_formats``: parts (a linear's name, or ``embed_tokens``) that keep their weight in that
+    format, each created empty in it -- no float weight is ever allocated for them (a file whose
+    tensors are already in a format, e.g. GGUF blocks, is copied into them as stored)."""
+    with torch.device("meta"):
+        model = CausalLM(cfg).to(dtype)
+        for name, weight_format in (part_formats or {}).items():
+            _empty_in_format(model, name, weight_format)
+    model = model.to_empty(device=device)
+    if cfg.tie_word_embeddings:  # to_empty() materialises shared parameters separately
+        embedding = model.embed_tokens
+        if hasattr(embedding, "tied_head"):
+            model.lm_head = embedding.tied_head()
+        else:
+            model.lm_head.weight = embedding.weight
+    # Buffers (RoPE tables) were on meta: rebuild them for real, kept in float32.
+    model.rope = RotaryEmbedding(cfg.head_dim, cfg.rope_parameters, cfg.max_position_embeddings).to(device)
+    return model
 
 
 def read_hf_config(path: Path, trust_remote_code: bool):
@@ -861,16 +877,22 @@ class WeightTarget:
         format_of(self.part).load(self.part, self.name, self.tensor, self.rows)
 
 
+def fused_name(hf_name: str) -> tuple[str, int | None]:
+    """A checkpoint tensor's parameter here and which slice of it (q, k, v: 0, 1, 2; gate, up:
+    0, 1; None: the whole): ``layers.0.self_attn.k_proj.bias`` -> (``layers.0.self_attn.qkv_proj.bias``, 1)."""
+    name = hf_name.removeprefix("model.")
+    parts = name.split(".")
+    if len(parts) >= 2 and parts[-2] in _FUSED:
+        fused, index = _FUSED[parts[-2]]
+        return ".".join(parts[:-2] + [fused, parts[-1]]), index
+    return name, None
+
+
 def _weight_target(model, hf_name: str, tensor: torch.Tensor, source: str,
                    missing_ok: bool = False) -> WeightTarget | None:
     """The checked ``WeightTarget`` of one checkpoint tensor; None (``missing_ok``) or
     ValueError when no parameter takes it. Its shape is the one its part's format expects."""
-    name = hf_name.removeprefix("model.")
-    parts = name.split(".")
-    index = None
-    if len(parts) >= 2 and parts[-2] in _FUSED:
-        fused, index = _FUSED[parts[-2]]
-        name = ".".join(parts[:-2] + [fused, parts[-1]])
+    name, index = fused_name(hf_name)
     module_name, _, tensor_name = name.rpartition(".")
     part = _submodule(model, module_name)
     rows = ALL_ROWS if index is None else _fused_rows(model, module_name.split(".")[-1], index)
@@ -991,6 +1013,23 @@ def _in_format(linear: Linear, weight_format: WeightFormat, name: str) -> Format
         return FormatLinear.of(linear, weight_format)
     except ValueError as err:
         raise ValueError(f"{name}: {err}") from None
+
+
+def _empty_in_format(model: CausalLM, name: str, weight_format: WeightFormat) -> None:
+    """Replace the part ``name`` (a model.py ``Linear``, or ``embed_tokens``) by one in
+    ``weight_format`` with empty parameters; a shape the format refuses is refused naming it."""
+    part = model.get_submodule(name)
+    rows, columns = part.weight.shape
+    try:
+        created = weight_format.create_weights(rows, columns, model.dtype, part.weight.device)
+    except ValueError as err:
+        raise ValueError(f"{name}: {err}") from None
+    if name == "embed_tokens":
+        model.embed_tokens = FormatEmbedding(weight_format, created, (rows, columns), model.dtype)
+        return
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent), child,
+            FormatLinear(weight_format, created, (rows, columns), part.bias))
 
 
 def quantized(model: CausalLM, quantization: str | None) -> CausalLM:

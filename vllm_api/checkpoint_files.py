@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
+import warnings
 from pathlib import Path
 
+from core.gguf import is_gguf, open_reader
 from model import hf_from_pretrained
 from vllm_api.intake import TokensPrompt
 
@@ -21,16 +24,44 @@ TEMPLATE_MARKERS = ("{", "}", "\n")  # what a template that uses the conversatio
 
 def load_tokenizer(path: Path, trust_remote_code: bool = False):
     """The checkpoint's tokenizer, or None when the directory holds no tokenizer files. Its
-    own code (an ``auto_map`` in tokenizer_config.json) runs only with ``trust_remote_code``."""
+    own code (an ``auto_map`` in tokenizer_config.json) runs only with ``trust_remote_code``.
+    A GGUF file: the tokenizer it carries (``gguf_tokenizer``)."""
+    if is_gguf(path):
+        return gguf_tokenizer(path)
     if not any((path / n).is_file() for n in TOKENIZER_FILES):
         return None
     from transformers import AutoTokenizer
     return hf_from_pretrained(AutoTokenizer, path, trust_remote_code, "the tokenizer")
 
 
+def gguf_tokenizer(path: Path):
+    """The tokenizer a GGUF file carries, as transformers builds it (``gguf_file=``), from the
+    file alone: transformers is shown a fresh folder holding only a link to the file, so no
+    file beside it is read. None when the file carries none (no ``tokenizer.ggml.model``), as
+    for a checkpoint folder without tokenizer files; None with a warning saying why when
+    transformers cannot build it (then prompts are token ids, or pass ``tokenizer=`` a folder)."""
+    from transformers import AutoTokenizer
+
+    if "tokenizer.ggml.model" not in open_reader(path).fields:
+        return None
+    with tempfile.TemporaryDirectory() as folder:
+        link = Path(folder) / "model.gguf"
+        link.symlink_to(Path(path).resolve())
+        try:
+            return AutoTokenizer.from_pretrained(folder, gguf_file=link.name)
+        except Exception as err:  # transformers' converters raise many kinds: each means "none"
+            warnings.warn(f"GGUF file {path}: transformers cannot build its tokenizer "
+                          f"({type(err).__name__}: {err}); running without one: prompts must be "
+                          f"token ids, or pass tokenizer=<a tokenizer folder>", stacklevel=3)
+            return None
+
+
 def check_tokenizer_dir(tokenizer: str | os.PathLike) -> None:
-    """``tokenizer=`` must name a local directory with tokenizer files (no download here)."""
+    """``tokenizer=`` must name a local directory with tokenizer files (no download here), or
+    a GGUF file (the tokenizer it carries)."""
     path = Path(tokenizer)
+    if is_gguf(path):
+        return
     if not path.is_dir():
         raise FileNotFoundError(f"tokenizer={str(tokenizer)!r}: no such directory (this engine "
                                 f"loads tokenizers from local directories only)")

@@ -22,7 +22,8 @@ from vllm_api.type_aliases import LogprobsMode
 # What logprobs are of (vLLM's logprobs_mode): the raw model output, or what sampling drew
 # from after penalties, bias, temperature, min_p, top-k and top-p; as logprobs or logits.
 LOGPROBS_MODES = get_args(LogprobsMode)
-LOAD_FORMATS = ("auto", "safetensors", "dummy")
+LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
+GGUF = "gguf"  # vLLM's quantization name for a GGUF file's own types (core/gguf.py)
 SCHEDULING_POLICIES = ("fcfs", "priority")  # vLLM's SchedulerPolicy
 NONE_IS_A_SETTING = {"seed"}  # fields whose None means something other than the default
 
@@ -105,12 +106,12 @@ class EngineConfig:
                              f"got {self.prefix_caching_hash_algo!r}")
         if self.load_format not in LOAD_FORMATS:
             raise ValueError(f"load_format={self.load_format!r} is not supported: weights load "
-                             f"from *.safetensors, or are random with 'dummy' (accepted: "
+                             f"from *.safetensors or a .gguf file, or are random with 'dummy' (accepted: "
                              f"{', '.join(LOAD_FORMATS)})")
-        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+        if self.quantization not in (None, GGUF) and self.quantization not in QUANTIZATIONS:
             raise ValueError(f"Unknown quantization method: {self.quantization}. Must be one of "
                              f"{list(QUANTIZATIONS)} (weights quantized at load from a float "
-                             f"checkpoint; pre-quantized checkpoints are not read).")
+                             f"checkpoint), or 'gguf' for a GGUF file's own tensor types.")
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(f"scheduling_policy must be one of {SCHEDULING_POLICIES}, got "
                              f"{self.scheduling_policy!r}")

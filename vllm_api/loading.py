@@ -10,7 +10,8 @@
   alone (no weight file is read), seeded by the engine's seed -- what vLLM's own tests and
   benchmarks use.
 
-Without either, this is ``model.load_model``. With overrides and real weights, the checkpoint
+Without either, this is ``model.load_model``; a GGUF file (``LLM("model.gguf")``) is
+core/gguf.py's ``load_gguf``, which takes neither. With overrides and real weights, the checkpoint
 loads as saved, and its tensors move, without a copy, into a model built from the overridden
 config: a weight the new shape does not use (a dropped layer) is left out, and one it lacks
 or whose shape changed is an error naming it.
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from core.gguf import is_gguf, load_gguf
 from model import (CausalLM, ModelConfig, RotaryEmbedding, load_model, quantized, read_hf_config,
                    resolve_dtype)
 
@@ -29,7 +31,16 @@ def load_checkpoint(path: Path, dtype, device: torch.device, hf_overrides=None,
                     load_format: str = "auto", seed: int | None = 0,
                     trust_remote_code: bool = False, quantization: str | None = None) -> CausalLM:
     """The model of the checkpoint at ``path``, as the engine arguments ask (``quantization``:
-    8-bit weights, quantized once the float weights are in)."""
+    8-bit weights, quantized once the float weights are in). A GGUF file loads as it is."""
+    if is_gguf(path):
+        check_gguf_arguments(path, hf_overrides, load_format, quantization)
+        return load_gguf(path, dtype, device)
+    if Path(path).is_file():
+        raise ValueError(f"model {str(path)!r} is a file but not a GGUF file (it does not start "
+                         f"with GGUF's magic); a model is a checkpoint directory or a .gguf file")
+    if "gguf" in (quantization, load_format):
+        raise ValueError(f"{'quantization' if quantization == 'gguf' else 'load_format'}='gguf' "
+                         f"reads a GGUF file, but model {str(path)!r} is a checkpoint directory")
     if hf_overrides is None and load_format != "dummy":
         return load_model(path, dtype, device, trust_remote_code, quantization)
     hf_config = overridden_config(path, hf_overrides, trust_remote_code)
@@ -42,6 +53,19 @@ def load_checkpoint(path: Path, dtype, device: torch.device, hf_overrides=None,
     else:
         model = rebuild(load_model(path, dtype, device, trust_remote_code), cfg)
     return quantized(model, quantization)
+
+
+def check_gguf_arguments(path, hf_overrides, load_format: str, quantization: str | None) -> None:
+    """What a GGUF file cannot take: its config is its metadata, its tensors keep their types."""
+    if hf_overrides is not None:
+        raise ValueError(f"hf_overrides are not applied to a GGUF file ({path}): its config is "
+                         f"the file's metadata")
+    if load_format not in ("auto", "gguf"):
+        raise ValueError(f"load_format={load_format!r} does not read a GGUF file ({path}); use "
+                         f"'auto' or 'gguf'")
+    if quantization not in (None, "gguf"):
+        raise ValueError(f"quantization={quantization!r}: a GGUF file's tensors keep the types "
+                         f"the file gives them ({path}); use None or 'gguf'")
 
 
 def overridden_config(path: Path, hf_overrides, trust_remote_code: bool = False):
