@@ -101,7 +101,7 @@ def write_gguf(source: str, out: Path, types: Types = all_in("F32"), skip=(), ex
     model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
     cfg = model.config
     writer = gguf.GGUFWriter(str(out), arch or cfg.model_type)
-    _write_config(writer, cfg)
+    _write_config(writer, cfg, bool(tokenizer))
     if tokenizer:
         _write_tokenizer(writer, tokenizer)
     for name, array in converted_tensors(model).items():
@@ -133,7 +133,7 @@ def converted_tensors(model) -> dict[str, np.ndarray]:
     return out
 
 
-def _write_config(writer, cfg) -> None:
+def _write_config(writer, cfg, has_tokenizer: bool) -> None:
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     writer.add_context_length(cfg.max_position_embeddings)
     writer.add_embedding_length(cfg.hidden_size)
@@ -147,7 +147,8 @@ def _write_config(writer, cfg) -> None:
     writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     writer.add_vocab_size(cfg.vocab_size)
-    writer.add_eos_token_id(cfg.eos_token_id)
+    if not has_tokenizer:
+        writer.add_eos_token_id(cfg.eos_token_id)
 
 
 def _write_tokenizer(writer, tok: dict) -> None:
