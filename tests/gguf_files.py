@@ -182,7 +182,7 @@ def dequantized_checkpoint(source: str, gguf_file: Path, out: Path) -> str:
             if cfg.model_type == "llama" and (".q_proj." in hf or ".k_proj." in hf):
                 heads = cfg.num_attention_heads if ".q_proj." in hf else cfg.num_key_value_heads
                 array = unpermute(array, heads)
-            param.copy_(torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32)))
+            param.copy_(torch.from_numpy(np.array(array, dtype=np.float32)))
     model.save_pretrained(str(out))
     return str(out)
 
