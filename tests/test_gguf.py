@@ -334,6 +334,8 @@ def test_the_tokenizer_comes_from_the_file(sources, tmp_path):
     assert [o.outputs[0].token_ids for o in by_text] == [o.outputs[0].token_ids for o in by_ids]
     assert by_text[0].outputs[0].text == tokenizer.decode(by_text[0].outputs[0].token_ids)
     assert llm.llm_engine.eos_token_ids == {2}  # the file's tokenizer.ggml.eos_token_id
+    hf = llm.llm_engine.model_config.hf_config  # vLLM's view: the config the metadata built
+    assert (type(hf).__name__, hf.num_key_value_heads, hf.num_hidden_layers) == ("Qwen2Config", 1, 2)
 
 
 def test_a_file_without_a_tokenizer_runs_on_token_ids(sources, tmp_path):
@@ -373,3 +375,52 @@ def test_tokenizer_folder_and_nothing_beside_the_file(sources, tmp_path):
     out = llm.generate("w5 w6 w7", greedy(4), use_tqdm=False)[0]
     want = llm.generate([[5, 6, 7]], greedy(4), use_tqdm=False)[0]
     assert out.outputs[0].token_ids == want.outputs[0].token_ids
+
+
+# ----------------------------------------------------------------------------- the llama.cpp bench
+
+def kld_file(path: Path, ids: list[int], logits: np.ndarray) -> Path:
+    """A llama-perplexity --kl-divergence-base file of one chunk, written as llama.cpp writes it
+    (the test plays llama.cpp with this engine's own logits)."""
+    rows = logits[len(ids) // 2:len(ids) - 1].astype(np.float32)
+    top = rows.max(1, keepdims=True)
+    low = np.maximum(rows.min(1, keepdims=True), top - 16)
+    lse = np.log(np.exp(rows - top).sum(1, keepdims=True))
+    scale = (top - low) / 65535
+    values = np.where(rows > low, np.rint((rows - low) / scale), 0).astype(np.uint16)
+    header = np.concatenate([scale, low - top - lse], 1).astype(np.float32).view(np.uint16)
+    pad = np.zeros((len(rows), values.shape[1] % 2), np.uint16)
+    body = np.concatenate([header, values, pad], 1)
+    head = np.array([len(ids), logits.shape[1], 1], np.int32)
+    path.write_bytes(b"_logits_" + head.tobytes() + np.asarray(ids, np.int32).tobytes() + body.tobytes())
+    return path
+
+
+def test_the_bench_reads_llama_cpps_log_probabilities(block_files, tmp_path):
+    """read_kld decodes llama.cpp's 16-bit rows: this engine against its own logits so written
+    differs only by that rounding (half a step of 16 / 65535 nats), tokens and top all the same
+    (a chunk of 200 tokens: the tiny model's context is 512, llama.cpp's run 514)."""
+    from benchmarks import gguf_compare as bench
+
+    file = block_files["Q4_0", "qwen3"][0]
+    ids = random_prompt(200, 3)
+    ours = bench.our_logprobs(file, ids, torch.float32, False)
+    full = teacher_forced_logits(model_backend(file), ids, "whole").numpy()
+    tokens, theirs, kept = bench.read_kld(kld_file(tmp_path / "base.kld", ids, full))
+    assert tokens == ids and theirs.shape == ours.shape == (99, 512)
+    figures = bench.compare(ours, theirs, kept, ids)
+    assert figures["max_kept"] <= 2e-4 and figures["max"] <= 2e-4 and figures["same_top"] == 1.0
+
+
+def model_backend(file: Path):
+    from core.backend import Backend
+    from core.gguf import load_gguf
+
+    return Backend(load_gguf(file, "float32", torch.device("cpu")))
+
+
+def test_the_bench_without_llama_cpp_says_so(capsys):
+    from benchmarks import gguf_compare as bench
+
+    assert bench.main([]) == 0
+    assert "no llama.cpp build given (--llama-cpp DIR): nothing is compared" in capsys.readouterr().out

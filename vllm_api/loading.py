@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 
 from core.gguf import is_gguf, load_gguf
-from model import (CausalLM, ModelConfig, RotaryEmbedding, load_model, quantized, read_hf_config,
-                   resolve_dtype)
+from model import (MODEL_TYPES, CausalLM, ModelConfig, RotaryEmbedding, load_model, quantized,
+                   read_hf_config, resolve_dtype)
 
 
 def load_checkpoint(path: Path, dtype, device: torch.device, hf_overrides=None,
@@ -66,6 +66,21 @@ def check_gguf_arguments(path, hf_overrides, load_format: str, quantization: str
     if quantization not in (None, "gguf"):
         raise ValueError(f"quantization={quantization!r}: a GGUF file's tensors keep the types "
                          f"the file gives them ({path}); use None or 'gguf'")
+
+
+def hf_config_of(cfg: ModelConfig):
+    """transformers' config of the decoder ``cfg`` describes (a GGUF file has no config.json)."""
+    from transformers import AutoConfig
+
+    model_type = next(t for t, arch in MODEL_TYPES.items() if arch == cfg.architecture)
+    return AutoConfig.for_model(
+        model_type, vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_dim, rms_norm_eps=cfg.rms_norm_eps,
+        max_position_embeddings=cfg.max_position_embeddings,
+        rope_parameters=dict(cfg.rope_parameters), tie_word_embeddings=cfg.tie_word_embeddings,
+        eos_token_id=list(cfg.eos_token_ids) or None, architectures=[cfg.architecture])
 
 
 def overridden_config(path: Path, hf_overrides, trust_remote_code: bool = False):

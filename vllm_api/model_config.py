@@ -97,8 +97,11 @@ class ModelConfig(Refusing):
 
     @functools.cached_property
     def hf_config(self):
-        """The checkpoint's Hugging Face config, with ``hf_overrides`` applied."""
-        from vllm_api.loading import overridden_config
+        """The checkpoint's Hugging Face config, with ``hf_overrides`` applied; for a GGUF file
+        (no config.json), the config its metadata built, as transformers' class of it."""
+        from vllm_api.loading import hf_config_of, is_gguf, overridden_config
+        if is_gguf(self._engine.model_path):
+            return hf_config_of(self._engine.model.config)
         return overridden_config(self._engine.model_path, self._engine.config.hf_overrides)
 
     @property
