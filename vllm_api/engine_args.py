@@ -116,9 +116,11 @@ NEUTRAL = {
 }
 
 UNSUPPORTED = {
-    "quantization_config": Unsupported("pre-quantized checkpoints are not read: weights load as "
-                                       "float32 / bfloat16 / float16 from safetensors "
-                                       "(quantization='int8' quantizes them at load)"),
+    "quantization_config": Unsupported("pre-quantized safetensors checkpoints are not read: "
+                                       "weights load as float32 / bfloat16 / float16 from "
+                                       "safetensors (quantization='int8' quantizes them at "
+                                       "load); a GGUF file's Q8_0 / Q4_0 tensors load as they "
+                                       "are (LLM('model.gguf'))"),
     "enable_lora": Unsupported("LoRA adapters are not supported", (None, False)),
     "enable_prompt_embeds": Unsupported("prompt embeddings are not supported", (None, False)),
     "speculative_config": Unsupported("speculative decoding is not supported"),
