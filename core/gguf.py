@@ -154,9 +154,11 @@ def _rope_parameters(m, theta: float, path) -> dict:
         return params
     if kind == "linear":
         return {**params, "rope_type": "linear", "factor": float(m("rope.scaling.factor"))}
-    if kind == "yarn":
+    if kind == "yarn":  # beta_fast / beta_slow where the file says them, else YaRN's 32 / 1
         return {**params, "rope_type": "yarn", "factor": float(m("rope.scaling.factor")),
-                "original_max_position_embeddings": m("rope.scaling.original_context_length")}
+                "original_max_position_embeddings": m("rope.scaling.original_context_length"),
+                "beta_fast": m("rope.scaling.yarn_beta_fast", None),
+                "beta_slow": m("rope.scaling.yarn_beta_slow", None)}
     raise ValueError(f"GGUF file {path}: rope scaling {kind!r} is not supported (none, linear, yarn)")
 
 

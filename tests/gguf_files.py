@@ -146,9 +146,23 @@ def _write_config(writer, cfg, has_tokenizer: bool) -> None:
     writer.add_rope_dimension_count(head_dim)
     writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    _write_rope_scaling(writer, cfg.rope_parameters)
     writer.add_vocab_size(cfg.vocab_size)
     if not has_tokenizer:
         writer.add_eos_token_id(cfg.eos_token_id)
+
+
+def _write_rope_scaling(writer, rope: dict) -> None:
+    """Linear and YaRN scaling as the converter writes them (llama 3's is a tensor instead)."""
+    from gguf import RopeScalingType
+
+    kind = rope.get("rope_type", "default")
+    if kind == "default":
+        return
+    writer.add_rope_scaling_type(RopeScalingType(kind))
+    writer.add_rope_scaling_factor(rope["factor"])
+    if kind == "yarn":
+        writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
 
 
 def _write_tokenizer(writer, tok: dict) -> None:

@@ -73,6 +73,17 @@ def test_float_files_give_hf_tokens(sources, arch, kind, tmp_path):
     assert ref.compared >= 20
 
 
+@pytest.mark.parametrize("rope", [dict(rope_type="linear", factor=2.0),
+                                  dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=64)])
+def test_rope_scaling_in_the_metadata_gives_hf_tokens(rope, tmp_path):
+    source = build_checkpoint("qwen3", str(tmp_path / "src"),
+                              rope_parameters={"rope_theta": 1000000.0, **rope})
+    llm = make_llm(G.write_gguf(source, tmp_path / "m.gguf"))
+    assert model_of(llm).config.rope_parameters["rope_type"] == rope["rope_type"]
+    prompts = PROMPTS + [random_prompt(150, 9)]  # past the YaRN checkpoint's original context
+    GreedyReference(source).compare_all(prompts, llm.generate(prompts, greedy(8), use_tqdm=False), 8)
+
+
 def test_float_weights_are_cast_to_the_dtype_as_transformers_casts_them(sources, tmp_path):
     """An F32 file in bfloat16: each weight is the checkpoint's, rounded once to bfloat16; the
     llama Q rows back in Hugging Face's order."""
