@@ -66,8 +66,8 @@ def load_gguf(path, dtype, device: torch.device) -> CausalLM:
     tensors = {t.name: t for t in reader.tensors}
     cfg = model_config(reader, tensors, path)
     torch_dtype = torch.float32 if dtype in (None, "auto") else resolve_dtype(dtype, None, device)
-    model = empty_model(cfg, torch_dtype, device, part_formats(tensors, path))
     check_names(tensors, cfg, path)
+    model = empty_model(cfg, torch_dtype, device, part_formats(tensors, path))
     for name, tensor in tensors.items():
         _load_tensor(model, name, tensor, path)
     model.quantization = "gguf"
@@ -190,8 +190,11 @@ def part_formats(tensors: dict, path) -> dict[str, WeightFormat]:
         if kind not in FLOAT_TYPES and kind not in BLOCK_FORMATS:
             raise ValueError(f"GGUF file {path}: tensor {name} is {kind}; this engine loads "
                              f"{', '.join(FLOAT_TYPES + tuple(BLOCK_FORMATS))} tensors only")
+        if kind in BLOCK_FORMATS and len(tensor.shape) != 2:
+            raise ValueError(f"GGUF file {path}: tensor {name} is {kind} but not a matrix; "
+                             f"blocks are loaded for matrices only")
         hf = hf_name(name)
-        if hf is not None and hf.endswith(".weight"):
+        if hf.endswith(".weight"):
             part = fused_name(hf)[0].removesuffix(".weight")
             types.setdefault(part, {})[name] = kind
     return {part: _one_format(part, kinds, path) for part, kinds in types.items()
@@ -208,12 +211,14 @@ def _one_format(part: str, kinds: dict[str, str], path) -> WeightFormat:
 
 
 def check_names(tensors: dict, cfg: ModelConfig, path) -> None:
-    """Every tensor the config needs is in the file, and the file holds no other."""
-    unused = [name for name in tensors if hf_name(name) is None]
+    """Every tensor the config needs is in the file, and the file holds no other (a name no
+    decoder here has, a layer past block_count, a bias the first layer lacks)."""
+    expected = expected_names(cfg)
+    unused = [name for name in tensors if name not in set(expected)]
     if unused:
         raise ValueError(f"GGUF file {path} holds tensors no {cfg.architecture} here reads: "
                          f"{', '.join(unused[:5])}")
-    missing = [name for name in expected_names(cfg) if name not in tensors]
+    missing = [name for name in expected if name not in tensors]
     if missing:
         raise ValueError(f"GGUF file {path} lacks tensors: {', '.join(missing[:8])}")
 

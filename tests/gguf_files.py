@@ -74,8 +74,8 @@ def as_type(array: np.ndarray, kind: str):
     if kind == "BF16":
         bits = torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32)).bfloat16()
         return bits.view(torch.int16).numpy().view(np.uint8), T.BF16
-    if kind in ("Q8_0", "Q4_0"):
-        return quantize(array, kind), T[kind]
+    if kind in ("Q8_0", "Q4_0"):  # a vector as one row
+        return quantize(array.reshape(-1, array.shape[-1]), kind).reshape(*array.shape[:-1], -1), T[kind]
     from gguf import GGML_QUANT_SIZES  # any other type: bytes of the right size (never read)
     block, size = GGML_QUANT_SIZES[T[kind]]
     return np.zeros((array.shape[0], array.shape[-1] // block * size), np.uint8), T[kind]

@@ -265,6 +265,18 @@ def test_a_tensor_no_model_reads_is_refused_naming_it(sources, tmp_path):
         make_llm(G.write_gguf(sources["qwen3"], tmp_path / "m.gguf", extra=extra))
 
 
+def test_a_layer_past_the_block_count_is_refused_naming_it(sources, tmp_path):
+    extra = {"blk.2.ffn_up.weight": np.zeros((128, 64), np.float32)}
+    with pytest.raises(ValueError, match=r"reads: blk\.2\.ffn_up\.weight"):
+        make_llm(G.write_gguf(sources["qwen3"], tmp_path / "m.gguf", extra=extra))
+
+
+def test_a_block_type_on_a_vector_is_refused(sources, tmp_path):
+    types = lambda name, a: "Q8_0" if name == "output_norm.weight" else G.all_in("F32")(name, a)
+    with pytest.raises(ValueError, match=r"tensor output_norm\.weight is Q8_0 but not a matrix"):
+        make_llm(G.write_gguf(sources["qwen3"], tmp_path / "m.gguf", types))
+
+
 def test_llama3_rope_factors_are_refused(sources, tmp_path):
     extra = {"rope_freqs.weight": np.ones(16, np.float32)}
     with pytest.raises(ValueError, match=r"rope_freqs\.weight \(llama 3's rope scaling"):
