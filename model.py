@@ -9,7 +9,7 @@ plan attends: here, gather each sequence's blocks back and one SDPA call over th
 
 A faster backend (fast/, chosen by the engine's builder, never by this file) plans its own
 attention and may compute the parts this file declares replaceable (the backend seam: linears,
-norms, MLPs, each head's norm + RoPE) its own way, on this model's own parameters; it is tested
+norms, MLPs, each head's norm + RoPE, whole decoder layers) its own way, on this model's own parameters; it is tested
 equal to this path.
 
 Reading order: config -> RoPE -> the backend seam -> norm -> paged attention -> MLP -> layer ->
@@ -287,8 +287,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 #
 # What a backend (core/backend.py) may compute its own way, and nothing else: the parts that
 # derive from ``Replaceable`` -- every linear layer (``Linear``), every norm (``RMSNorm``), each
-# MLP (``MLP``) and each attention's head norm + RoPE (``HeadRotation``) -- besides the attention
-# itself, which the backend plans (``AttentionBackend`` below). ``CausalLM.install`` gives parts
+# MLP (``MLP``), each attention's head norm + RoPE (``HeadRotation``) and each decoder layer
+# (``DecoderLayer``: its replacement must honour its parts' hooks and replacements, or leave the
+# step to them) -- besides the attention itself, which the backend plans (``AttentionBackend`` below). ``CausalLM.install`` gives parts
 # a replacement; a part's forward then returns ``replacement(part, *inputs)`` instead of its own
 # ``compute(*inputs)``. The part stays the user's module: a replacement reads its parameters on
 # every call (whatever it derives from them, it keeps in step with their version counters), its
@@ -298,7 +299,7 @@ DECLARED: dict[str, type] = {}  # kind -> the class of this file that declares i
 
 
 class Replaceable(nn.Module):
-    kind = ""           # "linear", "norm", "mlp" or "rotation": what a replacement computes
+    kind = ""           # "linear", "norm", "mlp", "rotation" or "layer": what a replacement computes
     replacement = None  # a backend's callable (part, *inputs) -> output; None: ``compute``
 
     def __init_subclass__(cls, kind: str | None = None, **kwargs) -> None:
@@ -529,7 +530,10 @@ class MLP(Replaceable, kind="mlp"):
         return self.down_proj(ACTIVATIONS[self.hidden_act](gate).mul_(up))
 
 
-class DecoderLayer(nn.Module):
+class DecoderLayer(Replaceable, kind="layer"):
+    """Attention and MLP, each around a norm and a residual add; replaceable as a whole (a
+    backend may run a decode step's layer in one call of its own: fast/decode_layer.py)."""
+
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -537,7 +541,7 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, plan: AttentionPlan, pool_k, pool_v, rope):
+    def compute(self, x, plan: AttentionPlan, pool_k, pool_v, rope):
         x = x + self.self_attn(self.input_layernorm(x), plan, pool_k, pool_v, rope)
         return x.add_(self.mlp(self.post_attention_layernorm(x)))
 

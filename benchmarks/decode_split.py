@@ -20,7 +20,9 @@ import time
 import numpy as np
 import torch
 
-KERNELS = {"small_linear": "linears (few-row kernel)", "int8_linear": "linears (8-bit few-row kernel)",
+KERNELS = {"decode_layer": "decoder layers, one fused call each (its kernels not timed apart)",
+           "small_linear": "linears (few-row kernel)", "int8_linear": "linears (8-bit few-row kernel)",
+           "block_linear": "linears (block-format kernel)",
            "decode_attention": "attention (decode kernel)", "rms_norm": "norms", "norm_rope": "q/k norm + RoPE"}
 
 
@@ -105,7 +107,7 @@ def main(argv=None) -> int:
     p.add_argument("--model", help="a checkpoint directory (default: the single-user checkpoint, built)")
     p.add_argument("--threads", default="1,2")
     p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--quantization", choices=["int8"])
+    p.add_argument("--quantization", choices=["int8", "int4", "q8_0"])
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="decode_split_") as tmp:
         if args.model is None:

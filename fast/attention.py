@@ -627,6 +627,12 @@ class FastPlan:
     scratch: Scratch
     routes: Routes
 
+    @property
+    def kernel_decode(self) -> KernelDecode | None:
+        """The step's one attention kind where it is the decode kernel's (every row decoding)."""
+        parts = self.parts
+        return parts[0] if len(parts) == 1 and type(parts[0]) is KernelDecode else None
+
     def attend(self, q, k, v, pool_k, pool_v, window: int | None) -> torch.Tensor:
         """q: [T, H, D]; k, v: this step's [T, KVH, D], already written into the pool
         (pool_k, pool_v: one layer's [KVH, slots, D]). Same result as model.paged_attention."""

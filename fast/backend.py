@@ -7,7 +7,8 @@ What runs is a ``FastPaths`` (fast/paths.py, chosen once from the engine's setti
 * linears: where packed, a replacement per linear part and SiLU MLP of the user's model
   (fast/linear.py); a weight format's linears by its kernels, chosen per row count once per
   linear (fast/format_kernels.py); norms and each head's norm + RoPE by the compiled glue
-  (fast/glue.py) -- all through model.py's backend seam, on the model's own parameters: no
+  (fast/glue.py); at a step of decode rows only, each decoder layer in one compiled call of
+  those same kernels (fast/decode_layer.py) -- all through model.py's backend seam, on the model's own parameters: no
   copy of the model;
 * the KV pool on huge pages (fast/cpu_memory.py);
 * before each step, the CPU tuning's thread check (fast/tuning.py), when an entry point gave one.
@@ -21,6 +22,7 @@ from __future__ import annotations
 from core.backend import Backend
 from fast.attention import FastAttention, FastPlan
 from fast.cpu_memory import zeros_on_huge_pages
+from fast.decode_layer import layer_replacements
 from fast.format_kernels import format_replacements
 from fast.glue import glue_replacements
 from fast.linear import packed_replacements
@@ -50,6 +52,8 @@ class FastBackend(Backend):
             out.update(glue_replacements(self.model, self.paths.glue))
         for kernels in self.paths.formats:
             out.update(format_replacements(self.model, kernels))
+        if self.paths.glue is not None and self.paths.routes.decode_kernel is not None:
+            out.update(layer_replacements(self.model, out, self.paths.glue))
         return out
 
     def rederive(self) -> None:

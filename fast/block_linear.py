@@ -37,6 +37,7 @@ class BlockKernels(FormatKernels):
         def panels(part, x, fused):
             return module.block_dequantize_panels(x, part.weight, part.weight_scale, part.bias, bits, fused)
 
+        dots.decode_kind = bits  # fast/decode_layer.py: LINEAR_Q4_0 / LINEAR_Q8_0 are the bits
         self.dots, self.panels = dots, panels
 
     @classmethod

@@ -49,10 +49,18 @@ class RowKernels:
         for most, _, kernel in bounded:
             table += [kernel] * (most + 1 - len(table))
         self.spans, self.by_rows, self.more = tuple(spans), tuple(table), more
+        # what fast/decode_layer.py calls each row count's kernel (a kernel's ``decode_kind``)
+        self.kinds = tuple(getattr(kernel, "decode_kind", None) for kernel in table)
 
     def kernel(self, x: torch.Tensor) -> Kernel:
         rows = x.shape[0] if x.dim() == 2 else len(self.by_rows)
         return self.by_rows[rows] if rows < len(self.by_rows) else self.more
+
+    def decode_kind(self, x: torch.Tensor) -> int | None:
+        """What fast/decode_layer.py calls the kernel for ``x`` (a kernel's ``decode_kind``), or
+        None where that file has no name for it (any row count past the bounded spans)."""
+        rows = x.shape[0]
+        return self.kinds[rows] if rows < len(self.kinds) else None
 
     def describe(self) -> str:
         out, first = [], 1
@@ -93,9 +101,15 @@ class FormatLinearKernel:
         self.weight, self.rows = part.weight, kernels.choose(part, dtype)
 
     def __call__(self, part: FormatLinear, x: torch.Tensor, fused: bool = False) -> torch.Tensor:
+        return self.chosen(part).kernel(x)(part, x, fused)
+
+    def chosen(self, part: FormatLinear) -> RowKernels:
         if part.weight is not self.weight:  # a replaced parameter: its layout may differ
             self.weight, self.rows = part.weight, self.kernels.choose(part, self.dtype)
-        return self.rows.kernel(x)(part, x, fused)
+        return self.rows
+
+    def decode_kind(self, part: FormatLinear, x: torch.Tensor) -> int | None:
+        return self.chosen(part).decode_kind(x)
 
     def describe(self) -> str:
         return self.rows.describe()
@@ -113,6 +127,13 @@ class FusedSiluMLP:
         if part.hidden_act != "silu" or has_hooks(linear) or not linear.computes_as_declared():
             return part.compute(x)
         return part.down_proj(self.gate_up(linear, x, True))
+
+    def decode_kind(self, part: MLP, x: torch.Tensor) -> int | None:
+        """The gate/up kernel fast/decode_layer.py calls for ``x`` (silu(gate) * up in it)."""
+        linear = part.gate_up_proj
+        if part.hidden_act != "silu" or has_hooks(linear) or not linear.computes_as_declared():
+            return None
+        return self.gate_up.decode_kind(linear, x)
 
 
 def format_replacements(model: nn.Module, kernels: FormatKernels) -> dict:

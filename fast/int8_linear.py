@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from fast.decode_layer import LINEAR_INT8, LINEAR_INT8_TILES
 from fast.format_kernels import PLAIN, FormatKernels, RowKernels, silu_mul
 
 INT8_ROWS = 8   # the most rows fast/csrc/int8_linear.cpp takes
@@ -39,6 +40,7 @@ class Int8Kernels(FormatKernels):
             y = F.linear(x, module.int8_dequantize(part.weight, part.weight_scale, x.dtype), part.bias)
             return silu_mul(y) if fused else y
 
+        few_rows.decode_kind, on_tiles.decode_kind = LINEAR_INT8, LINEAR_INT8_TILES  # fast/decode_layer.py
         self.few_rows, self.on_tiles, self.dequantized = few_rows, on_tiles, dequantized
 
     @classmethod

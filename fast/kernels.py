@@ -1,7 +1,7 @@
 """The fast layer's compiled kernels: C++ in fast/csrc/, built once per machine by torch's
 extension loader and cached on disk (``TORCH_EXTENSIONS_DIR``, by default under ~/.cache).
 
-One module, six kernel files: paged attention (csrc/attention.cpp: decode rows, prompt chunks,
+One module, seven kernel files: paged attention (csrc/attention.cpp: decode rows, prompt chunks,
 and decode rows sharing a prefix), which reads keys and values straight from their blocks
 where the PyTorch kinds spend a dozen small ops per layer; bfloat16 linears of a few rows
 (csrc/small_linear.cpp), which stream each weight once at a decode step of one or a few
@@ -10,7 +10,9 @@ for more (csrc/int8_tiles.cpp), which stream the int8 weight once; linears on ll
 block formats Q4_0 and Q8_0 (csrc/block_linear.cpp: VNNI integer dot products against
 activations quantized per block, and panels dequantized for a matmul); and a layer's glue
 (csrc/layer_glue.cpp: RMSNorm, the heads' norm and RoPE), one call where PyTorch spends
-several small ops. csrc/simd_math.h holds the vector math two of them share. A machine without a C++ compiler (or ninja) keeps
+several small ops; and a decode step's whole decoder layer (csrc/decode_layer.cpp), those
+kernels composed in C++ where Python would call each. csrc/kernels.h declares what they export,
+csrc/simd_math.h holds the vector math two of them share. A machine without a C++ compiler (or ninja) keeps
 the PyTorch kinds and says why (``KernelBuild.reason``); nothing else changes. The first build
 takes a while, the cached one about a second to load; ``KernelBuild`` records which it was and
 how long.
@@ -32,8 +34,8 @@ from torch import Tensor
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = tuple(CSRC / name for name in ("bindings.cpp", "attention.cpp", "small_linear.cpp",
                                          "int8_linear.cpp", "int8_tiles.cpp", "block_linear.cpp",
-                                         "layer_glue.cpp"))
-HEADERS = (CSRC / "simd_math.h", CSRC / "checks.h")
+                                         "layer_glue.cpp", "decode_layer.cpp"))
+HEADERS = (CSRC / "simd_math.h", CSRC / "checks.h", CSRC / "kernels.h")
 # -fopenmp: at::parallel_for is inline OpenMP; without it the kernel runs on one thread. The
 # OpenMP runtime it links is the one torch already loaded (same soname, libgomp.so.1).
 FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fopenmp")
@@ -82,6 +84,10 @@ class Kernels(Protocol):
     def block_dequantize_panels(self, x: Tensor, weight: Tensor, scale: Tensor, bias: Optional[Tensor] = None,
                                 bits: int = 4, silu_mul: bool = False) -> Tensor: ...
     def rms_norm(self, x: Tensor, weight: Tensor, eps: float) -> Tensor: ...
+    def decode_layer(self, x: Tensor, norms: list, eps: float, kinds: list, weights: list, scales: list,
+                     biases: list, q_norm: Optional[Tensor], k_norm: Optional[Tensor], head_eps: float,
+                     cos: Tensor, sin: Tensor, pool_k: Tensor, pool_v: Tensor, slots: Tensor, rows: Tensor,
+                     tables: Tensor, lo: Tensor, hi: Tensor, block_size: int, scale: float) -> Tensor: ...
     def norm_rope(self, x: Tensor, weight: Optional[Tensor], eps: float, cos: Tensor,
                   sin: Tensor) -> Tensor: ...
 

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fast.decode_layer import LINEAR_BF16
 from model import MLP, Linear
 
 
@@ -106,6 +107,10 @@ class PackedLinear:
         packed, = self.weight.of(weight)
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
+    def decode_kind(self, part: Linear, x: torch.Tensor) -> int | None:
+        """The kernel fast/decode_layer.py calls for ``x``, where it is the few-row one."""
+        return LINEAR_BF16 if few_rows(x, self.small, part.weight) else None
+
 
 class PackedSiluMLP:
     """model.MLP with SiLU: gate and up as two packed GEMMs, the first with a SiLU epilogue,
@@ -126,6 +131,13 @@ class PackedSiluMLP:
         gate = torch.ops.mkldnn._linear_pointwise(x, gate_w, gate_b, "swish", [], "")
         both = torch.ops.mkldnn._linear_pointwise.binary(x, gate, up_w, up_b, "mul")
         return part.down_proj(both)
+
+    def decode_kind(self, part: MLP, x: torch.Tensor) -> int | None:
+        """The gate/up kernel fast/decode_layer.py calls for ``x`` (silu(gate) * up in it)."""
+        linear = part.gate_up_proj
+        if part.hidden_act != "silu" or has_hooks(linear) or not linear.computes_as_declared():
+            return None
+        return LINEAR_BF16 if few_rows(x, self.small, linear.weight) else None
 
 
 def packed_replacements(model: nn.Module, small: Callable | None = None) -> dict:

@@ -1,35 +1,7 @@
 // The fast layer's C++ kernels as one Python module (fast/kernels.py builds and loads it).
 #include <torch/extension.h>
 
-at::Tensor decode_attention(at::Tensor q, at::Tensor pool_k, at::Tensor pool_v, at::Tensor rows,
-                            at::Tensor tables, at::Tensor lo, at::Tensor hi, int64_t block_size,
-                            double scale, at::Tensor out, bool vector);
-bool prefill_attention_available();
-at::Tensor prefill_attention(at::Tensor q, at::Tensor pool_k, at::Tensor pool_v, at::Tensor first_token,
-                             at::Tensor starts, at::Tensor lengths, at::Tensor tables, int64_t block_size,
-                             double scale, int64_t window, at::Tensor out);
-at::Tensor shared_decode_attention(at::Tensor q, at::Tensor pool_k, at::Tensor pool_v, at::Tensor rows,
-                                   at::Tensor tables, at::Tensor hi, int64_t shared_blocks, int64_t block_size,
-                                   double scale, at::Tensor out);
-bool small_linear_available();
-at::Tensor small_linear(const at::Tensor& x, const at::Tensor& weight,
-                        const c10::optional<at::Tensor>& bias, bool silu_mul);
-bool int8_linear_available();
-at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale,
-                       const c10::optional<at::Tensor>& bias, bool silu_mul);
-bool int8_tiles_available();
-at::Tensor int8_tiles(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale,
-                      const c10::optional<at::Tensor>& bias, bool silu_mul);
-at::Tensor int8_dequantize(const at::Tensor& weight, const at::Tensor& scale, at::ScalarType dtype);
-bool block_linear_available();
-at::Tensor block_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale,
-                        const c10::optional<at::Tensor>& bias, int64_t bits, bool silu_mul);
-at::Tensor block_dequantize(const at::Tensor& weight, const at::Tensor& scale, int64_t bits, at::ScalarType dtype);
-at::Tensor block_dequantize_panels(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale,
-                                   const c10::optional<at::Tensor>& bias, int64_t bits, bool silu_mul);
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
-at::Tensor norm_rope(const at::Tensor& x, const c10::optional<at::Tensor>& weight, double eps,
-                     const at::Tensor& cos, const at::Tensor& sin);
+#include "kernels.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention", &decode_attention, "paged decode attention (one query per row)",
@@ -69,6 +41,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "dequantized a panel of rows at a time, one matmul each (optionally silu(gate) * up)", py::arg("x"),
         py::arg("weight"), py::arg("scale"), py::arg("bias") = py::none(), py::arg("bits") = 4,
         py::arg("silu_mul") = false);
+  m.def("decode_layer", &decode_layer, "a decode step's decoder layer: norm, qkv, heads' norm + RoPE, K/V "
+        "written, decode attention, o, residual, norm, silu(gate) * up, down, residual; each linear by "
+        "the kernel its kind names", py::arg("x"), py::arg("norms"), py::arg("eps"), py::arg("kinds"),
+        py::arg("weights"), py::arg("scales"), py::arg("biases"), py::arg("q_norm"), py::arg("k_norm"),
+        py::arg("head_eps"), py::arg("cos"), py::arg("sin"), py::arg("pool_k"), py::arg("pool_v"),
+        py::arg("slots"), py::arg("rows"), py::arg("tables"), py::arg("lo"), py::arg("hi"),
+        py::arg("block_size"), py::arg("scale"));
   m.def("rms_norm", &rms_norm, "RMSNorm of each row, rounded as model.RMSNorm",
         py::arg("x"), py::arg("weight"), py::arg("eps"));
   m.def("norm_rope", &norm_rope, "each head's optional RMSNorm, then rotate-half RoPE",

@@ -46,6 +46,9 @@ constexpr int64_t BLOCK = 32;
 constexpr int64_t GROUP = 8;           // input rows that share each weight load
 constexpr int64_t ROWS_PER_TASK = 16;  // weight rows per parallel task
 constexpr int64_t PANEL_BYTES = 1 << 20;
+// How far ahead of the dots the weight is fetched (its scales: as far in blocks). The
+// hardware prefetcher alone leaves the loads waiting on memory between the dots.
+constexpr int64_t PREFETCH_BYTES = 8192;
 
 enum class Kind { q4_0, q8_0 };
 
@@ -73,198 +76,167 @@ inline float silu(float g) { return g / (1.0f + std::exp(-g)); }
 
 #ifdef STEP14_BLOCK_DOT
 
-// The quantized input rows: per row K bytes in the kernel's order, per block its scale, and
-// per pair of blocks 16 floats with each lane's activation scale (the lanes' block pattern).
-struct Quantized {
-  int64_t k, blocks;
-  std::vector<uint8_t> q;       // [M, K]
-  std::vector<float> d;         // [M, blocks]: activation scale
-  std::vector<float> offset;    // [M, blocks]: Q4_0's -8 * sum(q) * d
-  std::vector<float> lanes;     // [M, pairs * 16]
-  int64_t pairs() const { return blocks / 2; }
+// A unit: the 64 weight bytes one vector load reads, and the activations they meet.
+//   Q4_0: four blocks (128 weights); the low nibbles (elements 0..15 of each block) meet the
+//   unit's first 64 activation bytes, the high ones (16..31) the next 64.
+//   Q8_0: two blocks (64 weights); 64 activation bytes.
+// Either way int32 lane l of a unit's dot product sums one block's products: block
+// l / (16 / BLOCKS) of the unit.
+template <Kind K>
+struct Unit {
+  static constexpr int BLOCKS = K == Kind::q4_0 ? 4 : 2;
+  static constexpr int ACT = K == Kind::q4_0 ? 128 : 64;   // activation bytes per unit
+  static constexpr int BLOCK_BYTES = K == Kind::q4_0 ? 16 : 32;
+  static constexpr int PER_GROUP = 16 / BLOCKS;           // units per 16 blocks (one load of scales)
+  static constexpr int LANES = 16 / BLOCKS;               // lanes per block
 };
 
-// Where element e (0..31) of block b lands in a row (see the file's comment).
-inline int64_t position(Kind kind, int64_t b, int64_t e, int64_t blocks) {
-  if (kind == Kind::q8_0 || (b == blocks - 1 && blocks % 2)) return b * BLOCK + e;
-  return (b / 2) * 64 + (e / 16) * 32 + (b % 2) * 16 + e % 16;
+// The quantized input rows, per row in the units' order (the last unit padded with zeros):
+// the int8 values, each lane's starting sum, and each lane's activation scale.
+struct Quantized {
+  int64_t blocks, units, act;  // act: activation bytes per row
+  std::vector<int8_t> q;       // [M, units * ACT]
+  std::vector<int32_t> start;  // [M, units * 16]: -offset * (the lane's activation sum)
+  std::vector<float> lanes;    // [M, units * 16]: the lane's block's activation scale
+};
+
+// Blocks of 32 to int8: scale max|x| / 127, round to nearest even (the default MXCSR mode,
+// as torch.round does in the reference), as llama.cpp quantizes activations.
+//
+// The weight is the unsigned operand of VPDPBUSD (unsigned bytes times signed bytes): Q4_0's
+// nibbles as they are (value + 8), Q8_0's bytes + 128 (a sign-bit flip at load). So each lane
+// starts at -8 (or -128) times the sum of its activations, and the dot products come out exact.
+// 16 inputs as float32 (bfloat16 widened exactly).
+inline __m512 load16(const float* x) { return _mm512_loadu_ps(x); }
+inline __m512 load16(const at::BFloat16* x) {
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
 }
 
-// The lane pattern of a pair's 16 int32 lanes: which of the two blocks each lane sums.
-inline int lane_block(Kind kind, int lane) { return kind == Kind::q8_0 ? lane / 8 : (lane / 4) % 2; }
-
-Quantized quantize_rows(const float* x, int64_t m, int64_t k, Kind kind) {
-  Quantized out{k, k / BLOCK};
-  const int64_t nb = out.blocks;
-  out.q.resize(m * k);
-  out.d.resize(m * nb);
-  out.offset.resize(m * nb);
-  out.lanes.resize(m * out.pairs() * 16);
+template <Kind K, typename T>
+Quantized quantize_rows(const T* x, int64_t m, int64_t k) {
+  using U = Unit<K>;
+  Quantized out;
+  out.blocks = k / BLOCK;
+  out.units = (out.blocks + U::BLOCKS - 1) / U::BLOCKS;
+  out.act = out.units * U::ACT;
+  out.q.assign(m * out.act, 0);
+  out.start.assign(m * out.units * 16, 0);
+  out.lanes.assign(m * out.units * 16, 0.f);
+  const int32_t offset = K == Kind::q4_0 ? 8 : 128;
   for (int64_t i = 0; i < m; ++i) {
-    for (int64_t b = 0; b < nb; ++b) {
-      const float* xb = x + i * k + b * BLOCK;
-      const __m512 lo = _mm512_loadu_ps(xb), hi = _mm512_loadu_ps(xb + 16);
+    for (int64_t b = 0; b < out.blocks; ++b) {
+      const T* xb = x + i * k + b * BLOCK;
+      const __m512 lo = load16(xb), hi = load16(xb + 16);
       const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
       const float id = amax > 0.f ? 127.f / amax : 0.f;
-      // Round to nearest even (the default MXCSR mode), as torch.round does in the reference.
       const __m512i qlo = _mm512_cvtps_epi32(_mm512_mul_ps(lo, _mm512_set1_ps(id)));
       const __m512i qhi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, _mm512_set1_ps(id)));
-      alignas(16) int8_t q[32];
-      _mm_store_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtsepi32_epi8(qlo));
-      _mm_store_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtsepi32_epi8(qhi));
-      int32_t sum = 0;
-      uint8_t* row = out.q.data() + i * k;
-      for (int e = 0; e < 32; ++e) {
-        sum += q[e];
-        // Q8_0's activations are the unsigned operand: + 128 (flipping the sign bit).
-        row[position(kind, b, e, nb)] = static_cast<uint8_t>(kind == Kind::q8_0 ? q[e] ^ 0x80 : q[e]);
+      const int64_t u = b / U::BLOCKS, j = b % U::BLOCKS, lane0 = (i * out.units + u) * 16 + j * U::LANES;
+      int8_t* q = out.q.data() + i * out.act + u * U::ACT;
+      // Q4_0: elements 0..15 beside the block's low nibbles, 16..31 beside its high ones.
+      int8_t* q_lo = q + j * (K == Kind::q4_0 ? 16 : 32);
+      int8_t* q_hi = K == Kind::q4_0 ? q + 64 + j * 16 : q_lo + 16;
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q_lo), _mm512_cvtsepi32_epi8(qlo));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q_hi), _mm512_cvtsepi32_epi8(qhi));
+      // Lane sums: four consecutive elements each; a Q4_0 lane also holds the four 16 further.
+      alignas(64) int32_t s_lo[16], s_hi[16];
+      _mm512_store_si512(s_lo, qlo);
+      _mm512_store_si512(s_hi, qhi);
+      for (int t = 0; t < U::LANES; ++t) {
+        int32_t sum = 0;
+        for (int e = 0; e < 4; ++e)
+          sum += K == Kind::q4_0 ? s_lo[4 * t + e] + s_hi[4 * t + e]
+                                 : (t < 4 ? s_lo[4 * t + e] : s_hi[4 * (t - 4) + e]);
+        out.start[lane0 + t] = -offset * sum;
+        out.lanes[lane0 + t] = amax / 127.f;
       }
-      const float d = amax / 127.f;
-      out.d[i * nb + b] = d;
-      out.offset[i * nb + b] = -8.f * static_cast<float>(sum) * d;
     }
-    for (int64_t p = 0; p < out.pairs(); ++p)
-      for (int lane = 0; lane < 16; ++lane)
-        out.lanes[(i * out.pairs() + p) * 16 + lane] = out.d[i * nb + 2 * p + lane_block(kind, lane)];
   }
   return out;
 }
 
-// The weight operand of a pair of blocks (64 values) and its lanes' start.
-template <Kind K>
-struct Pair;
-
-template <>
-struct Pair<Kind::q4_0> {
-  __m512i w, start;
-  Pair(const uint8_t* row, int64_t pair) {
-    const __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + pair * 32)));
-    w = _mm512_and_si512(_mm512_mask_blend_epi64(0xF0, v, _mm512_srli_epi16(v, 4)), _mm512_set1_epi8(0x0F));
-    start = _mm512_setzero_si512();
-  }
-  __m512i dot(const uint8_t* q) const { return _mm512_dpbusd_epi32(start, w, _mm512_loadu_si512(q)); }
-};
-
-template <>
-struct Pair<Kind::q8_0> {
-  __m512i w, start;
-  Pair(const uint8_t* row, int64_t pair) {
-    w = _mm512_loadu_si512(row + pair * 64);
-    const __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), w);
-    start = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sums, 7));  // -128 * sum(w)
-  }
-  __m512i dot(const uint8_t* q) const { return _mm512_dpbusd_epi32(start, _mm512_loadu_si512(q), w); }
-};
-
-// The lone last block of an odd count, 32-byte vectors: its exact integer dot product.
-template <Kind K>
-inline int32_t last_block(const uint8_t* row, int64_t b, const uint8_t* q) {
-  __m256i w, start;
-  const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
-  if constexpr (K == Kind::q4_0) {
-    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + b * 16));
-    const __m128i nib = _mm_set1_epi8(0x0F);
-    w = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(v, nib)),
-                                _mm_and_si128(_mm_srli_epi16(v, 4), nib), 1);
-    const __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, a);
-    alignas(32) int32_t lanes[8];
-    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), dot);
-    int32_t s = 0;
-    for (int j = 0; j < 8; ++j) s += lanes[j];
-    return s;
-  } else {
-    w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * 32));
-    const __m256i sums = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), w);
-    start = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sums, 7));
-    const __m256i dot = _mm256_dpbusd_epi32(start, a, w);
-    alignas(32) int32_t lanes[8];
-    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), dot);
-    int32_t s = 0;
-    for (int j = 0; j < 8; ++j) s += lanes[j];
-    return s;
-  }
-}
-
-inline __m512i lane_index(Kind kind) {
-  return kind == Kind::q8_0 ? _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0)
-                            : _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0);
-}
-
-// One pair of blocks (p) of one weight row against M quantized input rows, into acc[M].
-template <Kind K, int M>
-inline void pair_dots(const uint8_t* w, int64_t p, __m512 dw_lanes, const Quantized& a, int64_t first,
+// Unit u of one weight row (its 64 bytes at w; Full: all of them hold blocks) against M
+// quantized rows from ``first``; sw: each lane's weight scale.
+template <Kind K, int M, bool Full>
+inline void unit_dots(const uint8_t* w, __mmask64 mask, __m512 sw, const Quantized& a, int64_t first, int64_t u,
                       __m512* acc) {
-  const Pair<K> pair(w, p);
-  const int64_t k = a.k, np = a.pairs();
+  using U = Unit<K>;
+  if constexpr (Full) _mm_prefetch(reinterpret_cast<const char*>(w) + PREFETCH_BYTES, _MM_HINT_T0);
+  const __m512i v = Full ? _mm512_loadu_si512(w) : _mm512_maskz_loadu_epi8(mask, w);
+  __m512i w0, w1;
+  if constexpr (K == Kind::q4_0) {
+    const __m512i nib = _mm512_set1_epi8(0x0F);
+    w0 = _mm512_and_si512(v, nib);
+    w1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+  } else {
+    w0 = _mm512_xor_si512(v, _mm512_set1_epi8(static_cast<char>(0x80)));  // + 128: unsigned
+    w1 = w0;
+  }
   for (int m = 0; m < M; ++m) {
-    const uint8_t* q = a.q.data() + (first + m) * k + p * 64;
-    const __m512 scaled = _mm512_mul_ps(_mm512_cvtepi32_ps(pair.dot(q)),
-                                        _mm512_loadu_ps(a.lanes.data() + ((first + m) * np + p) * 16));
-    acc[m] = _mm512_fmadd_ps(scaled, dw_lanes, acc[m]);
+    const int64_t row = first + m, lane = (row * a.units + u) * 16;
+    const int8_t* q = a.q.data() + row * a.act + u * U::ACT;
+    __m512i s = _mm512_loadu_si512(a.start.data() + lane);
+    s = _mm512_dpbusd_epi32(s, w0, _mm512_loadu_si512(q));
+    if constexpr (K == Kind::q4_0) s = _mm512_dpbusd_epi32(s, w1, _mm512_loadu_si512(q + 64));
+    acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(sw, _mm512_loadu_ps(a.lanes.data() + lane)), acc[m]);
   }
 }
 
-// Q4_0's offset of 8 for M input rows: sum over blocks of -8 * sum(q) * d_activation * d_weight.
-template <int M>
-inline void offsets(const at::Half* ws, const Quantized& a, int64_t first, float* dots) {
-  const int64_t nb = a.blocks;
-  __m512 acc[M];
-  for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
-  for (int64_t g = 0; g < nb; g += 16) {
-    const __mmask16 mask = static_cast<__mmask16>((1u << std::min<int64_t>(16, nb - g)) - 1);
-    const __m512 dw = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, ws + g));
-    for (int m = 0; m < M; ++m)
-      acc[m] = _mm512_fmadd_ps(dw, _mm512_maskz_loadu_ps(mask, a.offset.data() + (first + m) * nb + g), acc[m]);
-  }
-  for (int m = 0; m < M; ++m) dots[m] += _mm512_reduce_add_ps(acc[m]);
+// Each lane's block within a group of 16 blocks, for the group's unit u.
+template <Kind K>
+inline __m512i unit_lanes(int u) {
+  using U = Unit<K>;
+  alignas(64) int32_t index[16];
+  for (int l = 0; l < 16; ++l) index[l] = u * U::BLOCKS + l / U::LANES;
+  return _mm512_load_si512(index);
 }
 
 // One weight row against M quantized input rows (first: the first of them): M dot products.
-// Blocks are walked 16 at a time (one load of their scales); one or two rows take two pairs a
-// step into two accumulators, so that a row's sums do not wait on each other.
+// Blocks are walked 16 at a time (one load of their scales); one or two rows alternate two
+// accumulators, so that a row's sums do not wait on each other.
 template <Kind K, int M>
 void row_dots(const uint8_t* w, const at::Half* ws, const Quantized& a, int64_t first, float* dots) {
-  constexpr int A = M <= 2 ? 2 : 1;  // pairs a step
-  const int64_t nb = a.blocks, np = a.pairs();
+  using U = Unit<K>;
+  constexpr int A = M <= 2 ? 2 : 1;
+  const int64_t nb = a.blocks;
   __m512 acc[A][M];
   for (int j = 0; j < A; ++j)
     for (int m = 0; m < M; ++m) acc[j][m] = _mm512_setzero_ps();
-  const __m512i first_lanes = lane_index(K), two = _mm512_set1_epi32(2);
-  for (int64_t g = 0; g < nb; g += 16) {
-    const int64_t count = std::min<int64_t>(16, nb - g);
+  __m512i index[U::PER_GROUP];
+  for (int u = 0; u < U::PER_GROUP; ++u) index[u] = unit_lanes<K>(u);
+  int64_t g = 0;
+  for (; g + 16 <= nb; g += 16) {
+    _mm_prefetch(reinterpret_cast<const char*>(ws + g) + PREFETCH_BYTES / 16, _MM_HINT_T0);
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ws + g)));
+    const int64_t u0 = g / U::BLOCKS;
+#pragma GCC unroll 8
+    for (int u = 0; u < U::PER_GROUP; ++u)
+      unit_dots<K, M, true>(w + (u0 + u) * 64, ~0ULL, _mm512_permutexvar_ps(index[u], dw), a, first, u0 + u,
+                            acc[u % A]);
+  }
+  if (g < nb) {  // the last, partial group: its blocks' bytes only
+    const int64_t count = nb - g, u0 = g / U::BLOCKS;
     const __m512 dw = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(static_cast<__mmask16>((1u << count) - 1), ws + g));
-    __m512i index = first_lanes;
-    const int64_t pair_end = std::min(np, (g + count) / 2);
-    int64_t p = g / 2;
-    for (; p + A <= pair_end; p += A)
-      for (int j = 0; j < A; ++j) {
-        pair_dots<K, M>(w, p + j, _mm512_permutexvar_ps(index, dw), a, first, acc[j]);
-        index = _mm512_add_epi32(index, two);
-      }
-    for (; p < pair_end; ++p) {
-      pair_dots<K, M>(w, p, _mm512_permutexvar_ps(index, dw), a, first, acc[0]);
-      index = _mm512_add_epi32(index, two);
+    for (int u = 0; u * U::BLOCKS < count; ++u) {
+      const int64_t bytes = std::min<int64_t>(U::BLOCKS, count - u * U::BLOCKS) * U::BLOCK_BYTES;
+      const __mmask64 mask = bytes == 64 ? ~0ULL : (1ULL << bytes) - 1;
+      unit_dots<K, M, false>(w + (u0 + u) * 64, mask, _mm512_permutexvar_ps(index[u], dw), a, first, u0 + u,
+                             acc[u % A]);
     }
   }
   for (int m = 0; m < M; ++m) {
     __m512 sum = acc[0][m];
     for (int j = 1; j < A; ++j) sum = _mm512_add_ps(sum, acc[j][m]);
-    float s = _mm512_reduce_add_ps(sum);
-    if (nb % 2) {
-      const int64_t b = nb - 1;
-      const float scale = static_cast<float>(ws[b]) * a.d[(first + m) * nb + b];
-      s += static_cast<float>(last_block<K>(w, b, a.q.data() + (first + m) * a.k + b * BLOCK)) * scale;
-    }
-    dots[m] = s;
+    dots[m] = _mm512_reduce_add_ps(sum);
   }
-  if constexpr (K == Kind::q4_0) offsets<M>(ws, a, first, dots);
 }
 
 // dots [rows, m] for weight rows [begin, begin + rows) and input rows [first, first + m).
 template <Kind K>
 void rows_dots(const uint8_t* w, const at::Half* ws, int64_t begin, int64_t rows, const Quantized& a,
                int64_t first, int64_t m, float* dots) {
-  const int64_t row_bytes = K == Kind::q4_0 ? a.k / 2 : a.k, nb = a.blocks;
+  const int64_t nb = a.blocks, row_bytes = nb * Unit<K>::BLOCK_BYTES;
   for (int64_t r = 0; r < rows; ++r) {
     const uint8_t* row = w + (begin + r) * row_bytes;
     const at::Half* scales = ws + (begin + r) * nb;
@@ -283,9 +255,9 @@ void rows_dots(const uint8_t* w, const at::Half* ws, int64_t begin, int64_t rows
   }
 }
 
-template <Kind K>
+template <Kind K, typename T>
 void block_linear_into(const Quantized& a, int64_t m, const at::Tensor& weight, const at::Tensor& scale,
-                       const float* bias, bool silu_mul, float* out, int64_t width) {
+                       const float* bias, bool silu_mul, T* out, int64_t width) {
   const uint8_t* w = static_cast<const uint8_t*>(weight.data_ptr());
   const at::Half* ws = scale.data_ptr<at::Half>();
   at::parallel_for(0, width, ROWS_PER_TASK, [&](int64_t begin, int64_t end) {
@@ -300,7 +272,7 @@ void block_linear_into(const Quantized& a, int64_t m, const at::Tensor& weight, 
           const int64_t g_row = begin + r, u_row = width + begin + r;
           float g = gate[r * GROUP + i] + (bias ? bias[g_row] : 0.f);
           if (silu_mul) g = silu(g) * (up[r * GROUP + i] + (bias ? bias[u_row] : 0.f));
-          out[(first + i) * width + g_row] = g;
+          out[(first + i) * width + g_row] = static_cast<T>(g);  // rounded once, to nearest even
         }
     }
   });
@@ -401,10 +373,10 @@ at::Tensor block_linear(const at::Tensor& x_in, const at::Tensor& weight, const 
   check_weight(weight, scale, kind, x_in.size(1), "block_linear");
   check_bias(bias, weight.size(0), "block_linear");
   TORCH_CHECK(!silu_mul || weight.size(0) % 2 == 0, "block_linear: silu_mul needs gate and up rows");
-  const at::Tensor x = x_in.to(at::kFloat).contiguous();
+  const at::Tensor x = x_in.contiguous();
   const int64_t m = x.size(0), k = x.size(1), n = weight.size(0), width = silu_mul ? n / 2 : n;
-  at::Tensor out = at::empty({m, width}, x.options());  // float32 sums, rounded once at the end
-  if (m == 0 || width == 0) return out.to(x_in.scalar_type());  // nothing to read
+  at::Tensor out = at::empty({m, width}, x.options());  // float32 sums, rounded once to x's dtype
+  if (m == 0 || width == 0) return out;  // nothing to read
 #ifdef STEP14_BLOCK_DOT
   at::Tensor bias_f;
   const float* b = nullptr;
@@ -412,13 +384,18 @@ at::Tensor block_linear(const at::Tensor& x_in, const at::Tensor& weight, const 
     bias_f = bias->to(at::kFloat).contiguous();
     b = bias_f.data_ptr<float>();
   }
-  const Quantized a = quantize_rows(x.data_ptr<float>(), m, k, kind);
-  if (kind == Kind::q4_0)
-    block_linear_into<Kind::q4_0>(a, m, weight, scale, b, silu_mul, out.data_ptr<float>(), width);
+  auto run = [&](auto* xp, auto* op) {
+    if (kind == Kind::q4_0)
+      block_linear_into<Kind::q4_0>(quantize_rows<Kind::q4_0>(xp, m, k), m, weight, scale, b, silu_mul, op, width);
+    else
+      block_linear_into<Kind::q8_0>(quantize_rows<Kind::q8_0>(xp, m, k), m, weight, scale, b, silu_mul, op, width);
+  };
+  if (x.scalar_type() == at::kBFloat16)
+    run(x.data_ptr<at::BFloat16>(), out.data_ptr<at::BFloat16>());
   else
-    block_linear_into<Kind::q8_0>(a, m, weight, scale, b, silu_mul, out.data_ptr<float>(), width);
+    run(x.data_ptr<float>(), out.data_ptr<float>());
 #endif
-  return out.to(x_in.scalar_type());
+  return out;
 }
 
 // The block weight as a [N, K] tensor of ``dtype`` (bfloat16 or float32), each value rounded
