@@ -180,12 +180,113 @@ void attend_simd(const Task<T>& t, const Shape& s, float* scores, float* query, 
   for (int64_t g = 0; g < group; ++g)
     for (int64_t d = 0; d < dim; ++d) t.out[g * t.out_stride + d] = static_cast<T>(acc[g * width + d]);
 }
+
+// Sums of four vectors' lanes: {sum a0, sum a1, sum a2, sum a3} (one transpose, not four reductions).
+inline __m128 sum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+  const __m512 s01 = _mm512_add_ps(_mm512_unpacklo_ps(a0, a1), _mm512_unpackhi_ps(a0, a1));
+  const __m512 s23 = _mm512_add_ps(_mm512_unpacklo_ps(a2, a3), _mm512_unpackhi_ps(a2, a3));
+  const __m512 s = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(s01), _mm512_castps_pd(s23))),
+                                 _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(s01), _mm512_castps_pd(s23))));
+  const __m256 half = _mm256_add_ps(_mm512_castps512_ps256(s), _mm512_extractf32x8_ps(s, 1));
+  return _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
+}
+
+// attend_simd for a head size of CH x 16: keys four at a time, each converted once for up to
+// GB query heads of the group, their dots summed by one transpose; the values' weighted sums
+// held in registers (VB heads at a time) instead of read and written back at every key.
+template <typename T, int CH, int GB, int VB>
+void attend_fixed(const Task<T>& t, const Shape& s, float* scores, float* query, float* acc) {
+  constexpr int64_t W = CH * LANES;
+  const int64_t count = t.hi - t.lo, group = s.group;
+  const __m512 scale = _mm512_set1_ps(s.scale);
+  for (int64_t g = 0; g < group; ++g)
+    for (int c = 0; c < CH; ++c)
+      _mm512_storeu_ps(query + g * W + c * LANES, _mm512_mul_ps(load(t.q + g * t.q_stride + c * LANES, 0xFFFF), scale));
+  const T* rows[4];
+  int n = 0;
+  auto score4 = [&](int64_t first) {  // keys first .. first + 3 (positions past lo)
+    for (int64_t g0 = 0; g0 < group; g0 += GB) {
+      __m512 a[GB][4];
+      for (int g = 0; g < GB; ++g)
+        for (int j = 0; j < 4; ++j) a[g][j] = _mm512_setzero_ps();
+      for (int c = 0; c < CH; ++c) {
+        __m512 k[4];
+        for (int j = 0; j < 4; ++j) k[j] = load(rows[j] + c * LANES, 0xFFFF);
+        for (int g = 0; g < GB; ++g) {
+          const __m512 q = _mm512_loadu_ps(query + (g0 + g) * W + c * LANES);
+          for (int j = 0; j < 4; ++j) a[g][j] = _mm512_fmadd_ps(q, k[j], a[g][j]);
+        }
+      }
+      for (int g = 0; g < GB; ++g) _mm_storeu_ps(scores + (g0 + g) * count + first, sum4(a[g][0], a[g][1], a[g][2], a[g][3]));
+    }
+  };
+  for_each_key(t.k, t, s, [&](int64_t p, const T* row) {
+    rows[n++] = row;
+    if (n == 4) {
+      score4(p - 3 - t.lo);
+      n = 0;
+    }
+  });
+  for (int j = 0; j < n; ++j) {  // the last keys, one at a time
+    const T* row = rows[j];
+    const int64_t at = count - n + j;
+    for (int64_t g = 0; g < group; ++g) {
+      __m512 a = _mm512_setzero_ps();
+      for (int c = 0; c < CH; ++c) a = _mm512_fmadd_ps(_mm512_loadu_ps(query + g * W + c * LANES), load(row + c * LANES, 0xFFFF), a);
+      scores[g * count + at] = _mm512_reduce_add_ps(a);
+    }
+  }
+  for (int64_t g = 0; g < group; ++g) softmax(scores + g * count, count);
+  for (int64_t g0 = 0; g0 < group; g0 += VB) {
+    __m512 sum[VB][CH];
+    for (int g = 0; g < VB; ++g)
+      for (int c = 0; c < CH; ++c) sum[g][c] = _mm512_setzero_ps();
+    for_each_key(t.v, t, s, [&](int64_t p, const T* row) {
+      for (int c = 0; c < CH; ++c) {
+        const __m512 value = load(row + c * LANES, 0xFFFF);
+        for (int g = 0; g < VB; ++g)
+          sum[g][c] = _mm512_fmadd_ps(_mm512_set1_ps(scores[(g0 + g) * count + (p - t.lo)]), value, sum[g][c]);
+      }
+    });
+    for (int g = 0; g < VB; ++g)
+      for (int c = 0; c < CH; ++c) {
+        alignas(64) float lanes[LANES];
+        _mm512_store_ps(lanes, sum[g][c]);
+        for (int d = 0; d < LANES; ++d) t.out[(g0 + g) * t.out_stride + c * LANES + d] = static_cast<T>(lanes[d]);
+      }
+  }
+}
+
+// The fixed-size kernel for this head size and group, where there is one (else nullptr).
+template <typename T>
+using Attend = void (*)(const Task<T>&, const Shape&, float*, float*, float*);
+
+template <typename T, int CH>
+Attend<T> fixed_for_group(int64_t group) {
+  constexpr int VB = CH <= 4 ? 4 : CH <= 8 ? 2 : 1;  // the values' sums: at most 16 registers
+  if (group % 4 == 0) return VB >= 4 ? attend_fixed<T, CH, 4, 4> : VB == 2 ? attend_fixed<T, CH, 4, 2> : attend_fixed<T, CH, 4, 1>;
+  if (group % 2 == 0) return VB >= 2 ? attend_fixed<T, CH, 2, 2> : attend_fixed<T, CH, 2, 1>;
+  return attend_fixed<T, CH, 1, 1>;
+}
+
+template <typename T>
+Attend<T> fixed_kernel(const Shape& s) {
+  if (s.dim % LANES) return nullptr;
+  switch (s.dim / LANES) {
+    case 4: return fixed_for_group<T, 4>(s.group);
+    case 8: return fixed_for_group<T, 8>(s.group);
+    default: return nullptr;
+  }
+}
 #endif
 
 template <typename T>
 void attend(const Task<T>& t, const Shape& s, bool vector, float* scores, float* query, float* acc) {
 #ifdef STEP14_AVX512
-  if (vector) return attend_simd(t, s, scores, query, acc);
+  if (vector) {
+    if (const Attend<T> fixed = fixed_kernel<T>(s)) return fixed(t, s, scores, query, acc);
+    return attend_simd(t, s, scores, query, acc);
+  }
 #endif
   attend_plain(t, s, scores, query, acc);
 }
