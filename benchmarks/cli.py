@@ -447,6 +447,23 @@ def cpu_name() -> str:
         return platform.processor() or "unknown"
 
 
+# The CPU features the kernels are chosen by (fast/paths.py), as /proc/cpuinfo names them.
+KERNEL_FEATURES = ("avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_int8", "amx_bf16")
+
+
+def cpu_line() -> str:
+    """The CPU's name and which of the kernels' features it has: every figure names its machine."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+    except OSError:
+        flags = set()
+    have = [f for f in KERNEL_FEATURES if f in flags]
+    missing = [f for f in KERNEL_FEATURES if f not in flags]
+    return (f"CPU: {cpu_name()}, {os.cpu_count()} logical CPUs; has {' '.join(have) or 'none of'}"
+            + (f"; lacks {' '.join(missing)}" if missing else ""))
+
+
 def write_markdown(path: str, argv, device: torch.device, started: float, lines: list[str],
                    append: bool = False) -> None:
     """The whole report as a markdown file: how it was made, then every table. ``append``: after

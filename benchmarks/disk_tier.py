@@ -16,7 +16,6 @@ blocks are written after its token is out.
 from __future__ import annotations
 
 import argparse
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks.cli import cpu_name
 from benchmarks.single_user import LLAMA_06, read_bandwidth
 
 PROMPT_TOKENS, NEW_TOKENS = 4096, 64
@@ -36,12 +36,6 @@ def build_checkpoint(out_dir: str, seed: int = 0) -> str:
     config = LlamaConfig(**{**LLAMA_06, "max_position_embeddings": 8192})
     LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(out_dir)
     return out_dir
-
-
-def cpu_name() -> str:
-    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    return next((line.split(":", 1)[1].strip() for line in out.splitlines()
-                 if line.startswith("Model name")), "unknown CPU")
 
 
 def serve(model: str, disk: str, threads: int, prompt: list[int], write: str) -> dict:

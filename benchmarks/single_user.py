@@ -107,7 +107,8 @@ def measure_rows(llm, shape: Shape) -> dict:
 def streamed_bytes(model: str, quantization: str | None = None, itemsize: int | None = None) -> int:
     """Bytes of the weights one decode token reads: every tensor but the input embedding, each
     value ``itemsize`` bytes (None: as stored); with ``quantization="int8"``, a matrix is a byte
-    per value and a float32 scale per row."""
+    per value and a float32 scale per row; ``"q8_0"`` / ``"int4"``: a byte / half a byte per
+    value and a float16 scale per block of 32."""
     from safetensors import safe_open
     total = 0
     for path in sorted(Path(model).glob("*.safetensors")):
@@ -117,6 +118,9 @@ def streamed_bytes(model: str, quantization: str | None = None, itemsize: int | 
                     shape = f.get_slice(name).get_shape()
                     if quantization == "int8" and len(shape) == 2:
                         total += int(np.prod(shape)) + 4 * shape[0]
+                    elif quantization in ("q8_0", "int4") and len(shape) == 2:
+                        values = int(np.prod(shape))
+                        total += (values if quantization == "q8_0" else values // 2) + 2 * (values // 32)
                     else:
                         total += int(np.prod(shape)) * (itemsize or _itemsize(f.get_slice(name).get_dtype()))
     return total

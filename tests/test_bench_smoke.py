@@ -266,18 +266,22 @@ def test_single_user_table_on_a_small_checkpoint(llama_dir):
 
 
 def test_int8_table_on_a_small_checkpoint(llama_dir):
-    """benchmarks/int8_bench.py measures every row for this engine in bfloat16 and int8, with
-    both weight formats' batch-1 bounds (int8's streams about half the bytes), and reports them."""
+    """benchmarks/int8_bench.py measures every row for this engine in each format asked, with
+    each format's batch-1 bound (int8 streams about half bf16's bytes, int4 half again), the
+    machine named first, and reports them."""
     from benchmarks import int8_bench, single_user
     shape = single_user.Shape(long_prompt=64, prompt=32, batch=4, batch_new=8, single_new=16)
-    rates, bounds, described = int8_bench.run(llama_dir, [1], 1, None, {}, shape)
+    rates, bounds, described = int8_bench.run(llama_dir, [1], 1, None, {}, shape,
+                                              formats=("ours bf16", "ours int8", "ours int4"))
     # every row measured for both (a tiny model's decode rate is a difference of noisy times:
     # its value is the bench's to report, not this test's to judge)
     assert all(math.isfinite(rates[(system, row, 1)]) for system in ("ours bf16", "ours int8")
                for row in shape.rows)
     assert 1.6 < bounds[("ours int8", 1)] / bounds[("ours bf16", 1)] < 2.0
+    assert 1.6 < bounds[("ours int4", 1)] / bounds[("ours int8", 1)] < 2.0  # half the bytes again
     text = "\n".join(int8_bench.report(rates, bounds, [1], shape))
     assert all(f"| {row} | 1 |" in text for row in shape.rows) and "llama.cpp" not in text
+    assert "int4 / int8" in text and described[0].startswith("CPU: ")
     assert any("8-bit linears" in d for d in described if "int8" in d)
 
 
