@@ -18,7 +18,7 @@ from fast.format_kernels import PLAIN, FormatKernels, RowKernels
 
 # The most rows the VNNI kernel computes (more: dequantized panels); measured on the
 # single-user checkpoint, docs/benchmarks.md.
-BLOCK_DOT_ROWS = 8
+BLOCK_DOT_ROWS = 16
 
 
 class BlockKernels(FormatKernels):

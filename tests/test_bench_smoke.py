@@ -294,3 +294,16 @@ def test_decode_split_accounts_for_the_step(llama_dir):
     step_ms = float(lines[1].split("median ")[1].split(" ms")[0])
     assert any("outside the forward" in line for line in lines) and min(parts[-1], step_ms) > 0
     assert abs(sum(parts) - step_ms) < 0.5 * step_ms  # mean vs median: the parts are of the mean
+
+
+def test_int4_quality_rows_on_a_small_checkpoint(llama_dir):
+    """benchmarks/int4_quality.py scores each format against the float32 engine on the same ids
+    (llama.cpp's rows join when a build is given); the float32 reference is its own zero."""
+    from benchmarks import int4_quality
+    ids = list(range(3, 3 + 80))
+    rows = dict(int4_quality.rows(llama_dir, ids, {}))
+    assert set(rows) == {f"this engine, {f} (bfloat16, fast path)" for f in int4_quality.FORMATS} | {
+        "this engine, bfloat16 (fast path)"}
+    assert all(0 <= r["mean"] <= r["max"] and 0 <= r["agreement"] <= 1 for r in rows.values())
+    reference = int4_quality.our_logprobs(llama_dir, ids, torch.float32, None, fast=False)
+    assert int4_quality.against(reference, reference, ids) == {"mean": 0.0, "max": 0.0, "agreement": 1.0}

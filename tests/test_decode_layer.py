@@ -96,7 +96,7 @@ def test_a_row_count_past_the_few_row_kernels_runs_part_by_part(calls, monkeypat
     if "int4" not in formats_here():
         pytest.skip("no block-format kernels in this build")
     model = checkpoint("llama", tmp_path_factory)
-    prompts = [random_prompt(8 + n, 300 + n) for n in range(12)]  # 12 rows: past block_linear's 8
+    prompts = [random_prompt(8 + n, 300 + n) for n in range(20)]  # 20 rows: past block_linear's 16
     fused = run(model, "int4", prompts, True, monkeypatch)
     assert calls["n"] == 0
     assert fused == run(model, "int4", prompts, False, monkeypatch)

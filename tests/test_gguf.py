@@ -179,8 +179,14 @@ def test_block_files_compute_their_dequantized_weights(block_files, kind, arch):
     assert (logits(make_llm(file, **PATHS["eager"])) - want).abs().max() <= 1e-5 * want.abs().max()
     kernels = make_llm(file, **PATHS["kernels"])
     got = logits(kernels, mode="decode")  # one row a step: the few-row kernel where built
-    assert (got - want_decode).abs().max() <= 0.05 * want_decode.abs().max()
-    assert (got.argmax(-1) == want_decode.argmax(-1)).float().mean() >= 0.9
+    err = (got - want_decode).abs()
+    assert err.max() <= 0.05 * want_decode.abs().max()
+    # The top token is the spec's wherever the spec's top two are further apart than this
+    # position's largest error: a random checkpoint's near-ties may swap, nothing else.
+    top2 = want_decode.topk(2, dim=-1).values
+    clear = (top2[:, 0] - top2[:, 1]) > 2 * err.amax(-1)
+    assert clear.float().mean() >= 0.5, clear
+    assert torch.equal(got.argmax(-1)[clear], want_decode.argmax(-1)[clear])
     ref = GreedyReference(spec)
     ref.compare_all(PROMPTS, plain.generate(PROMPTS, greedy(10), use_tqdm=False), 10)
     assert ref.compared >= 20
@@ -191,7 +197,7 @@ def test_the_block_kernels_run_the_files_parts(block_files):
 
     described = make_llm(block_files["Q4_0", "qwen3"][0]).llm_engine.engine_core.model_runner.backend.describe()
     if compiled_kernels().module.block_linear_available():
-        assert "int4 linears: 1-8 rows block_linear" in described, described
+        assert "int4 linears: 1-16 rows block_linear" in described, described
     else:
         assert "built without AVX-512 VNNI" in described, described
 
