@@ -20,7 +20,7 @@ namespace {
 
 constexpr int64_t MAX_ROWS = 4;      // input rows one call takes (a decode step of <= 4 sequences)
 constexpr int64_t ROWS_PER_TASK = 32;  // weight rows per parallel task
-constexpr int64_t PREFETCH_BYTES = 4096;  // how far ahead of the dots the weights are fetched
+constexpr int64_t PREFETCH_BYTES = 16384;  // how far ahead of the dots the weights are fetched
 
 #ifdef STEP14_BF16_DOT
 inline __mmask32 pair_mask(int64_t n) { return n >= 32 ? 0xFFFFFFFFu : static_cast<__mmask32>((1ull << n) - 1); }
