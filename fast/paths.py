@@ -7,7 +7,8 @@ formats' among them. The result, a ``FastPaths``, is what ``FastBackend`` runs a
 ``describe()`` prints, the reason for every kernel left off included. A linear in a weight
 format then gets its kernel for each row count once, when the backend is built, from the
 format's kernels (``FormatKernels.choose``): no call picks one. ``fast_paths=False`` never
-gets here: the engine's builder then takes the core's plain ``Backend``.
+gets here: the engine's builder then takes the core's plain ``Backend``. STEP14_CPU_FEATURES_OFF
+(below) makes this machine choose as one without AMX, VNNI or AVX-512 BF16 would.
 
 The kernels' limits, as fast/csrc checks them (outside a limit the PyTorch kind runs):
 
@@ -29,6 +30,7 @@ The kernels' limits, as fast/csrc checks them (outside a limit the PyTorch kind 
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -50,6 +52,33 @@ FORMAT_KERNELS: dict[str, type[FormatKernels]] = {
 }
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# STEP14_CPU_FEATURES_OFF=amx,vnni,bf16 (any of them): the kernels that need that CPU feature
+# stay off, as on a CPU without it -- so one machine runs, and tests check, the path another
+# kind of machine takes. Feature -> the compiled module's probes it answers False.
+FEATURE_PROBES = {"amx": ("int8_tiles_available",), "vnni": ("block_linear_available",),
+                  "bf16": ("small_linear_available",)}
+
+
+def features_off() -> tuple[str, ...]:
+    """The CPU features STEP14_CPU_FEATURES_OFF turns off for the kernels (unknown names refused)."""
+    asked = [f.strip() for f in os.environ.get("STEP14_CPU_FEATURES_OFF", "").split(",") if f.strip()]
+    unknown = [f for f in asked if f not in FEATURE_PROBES]
+    if unknown:
+        raise ValueError(f"STEP14_CPU_FEATURES_OFF: unknown feature(s) {', '.join(unknown)}; "
+                         f"known: {', '.join(FEATURE_PROBES)}")
+    return tuple(asked)
+
+
+class WithoutFeatures:
+    """The compiled module as a CPU without ``off`` would build it: those probes answer False."""
+
+    def __init__(self, module, off: tuple[str, ...]) -> None:
+        self._module, self._off = module, {probe for f in off for probe in FEATURE_PROBES[f]}
+
+    def __getattr__(self, name: str):
+        if name in self._off:
+            return lambda: False
+        return getattr(self._module, name)
 TILE_MAX_GROUP = 16          # csrc/attention.cpp: query heads per KV head in one 16-lane tile
 INT32_MAX = 2 ** 31 - 1      # csrc/attention.cpp: tile lanes hold positions (+ window) as int32
 
@@ -99,7 +128,10 @@ def choose_paths(config, dtype: torch.dtype, device: torch.device, *, enforce_ea
 
 def _with_kernels(routes: Routes, pack_linears: bool, build: KernelBuild, config,
                   dtype: torch.dtype) -> FastPaths:
-    module, off = build.module, []
+    module, off, turned_off = build.module, [], features_off()
+    if turned_off:
+        module = WithoutFeatures(module, turned_off)
+        off.append(f"kernels needing {', '.join(turned_off)} (STEP14_CPU_FEATURES_OFF)")
     routes = replace(routes, decode_kernel=module.decode_attention)
     tiles_off = _tile_limits(module, config)
     if tiles_off:
