@@ -307,3 +307,11 @@ def test_int4_quality_rows_on_a_small_checkpoint(llama_dir):
     assert all(0 <= r["mean"] <= r["max"] and 0 <= r["agreement"] <= 1 for r in rows.values())
     reference = int4_quality.our_logprobs(llama_dir, ids, torch.float32, None, fast=False)
     assert int4_quality.against(reference, reference, ids) == {"mean": 0.0, "max": 0.0, "agreement": 1.0}
+
+
+def test_depth_rows_on_a_small_checkpoint(llama_dir):
+    """benchmarks/depth.py: decoding after a cached context and a follow-up prompt after it,
+    both measured (tok/s) for a format; llama.cpp's rows only with a build."""
+    from benchmarks import depth
+    got = depth.measure_ours(llama_dir, 1, "int8", depth=96, follow=32, new=4, repeats=1)
+    assert set(got) == set(depth.rows(96, 32)) and all(math.isfinite(r) and r > 0 for r in got.values())
