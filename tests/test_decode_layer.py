@@ -49,11 +49,11 @@ def formats_here() -> list:
     return out
 
 
-def run(model: str, quantization, prompts, fused: bool, monkeypatch, **kw):
+def run(model: str, quantization, prompts, fused: bool, monkeypatch, dtype="bfloat16", **kw):
     with monkeypatch.context() as patch:
         if not fused:
             patch.setattr(fast.backend, "layer_replacements", lambda *a: {})
-        llm = make_llm(model, dtype="bfloat16", quantization=quantization, **kw)
+        llm = make_llm(model, dtype=dtype, quantization=quantization, **kw)
         return [(o.outputs[0].token_ids, o.outputs[0].logprobs)
                 for o in llm.generate(prompts, greedy(8, logprobs=3), use_tqdm=False)]
 
@@ -73,6 +73,16 @@ def test_fused_layer_is_the_parts_bit_for_bit(arch, quantization, calls, monkeyp
         parts = run(model, quantization, prompts, False, monkeypatch)
         assert calls["n"] == 0
         assert fused == parts
+
+
+@pytest.mark.parametrize("quantization", [q for q in formats_here() if q is not None])
+def test_float32_activations_fuse_too(quantization, calls, monkeypatch, tmp_path_factory):
+    """The 8-bit and block kernels take float32 rows: a float32 model's layers fuse as well."""
+    model = checkpoint("qwen2", tmp_path_factory)
+    prompts = [random_prompt(n, 70 + n) for n in (12, 33)]
+    fused = run(model, quantization, prompts, True, monkeypatch, dtype="float32")
+    assert calls["n"] > 0
+    assert fused == run(model, quantization, prompts, False, monkeypatch, dtype="float32")
 
 
 def test_prompt_steps_and_hooked_layers_run_part_by_part(calls, monkeypatch, tmp_path_factory):
