@@ -1,7 +1,7 @@
 """The fast layer's kernels for llama.cpp's block formats, ``int4`` (Q4_0, core/int4_format.py)
 and ``q8_0`` (core/q8_0_format.py), on AVX-512 with VNNI (fast/csrc/block_linear.cpp).
 
-Up to BLOCK_DOT_ROWS rows: ``block_linear``, which quantizes the activations per block of 32 to
+Up to ``dot_rows`` rows (16 for int4, 8 for q8_0): ``block_linear``, which quantizes the activations per block of 32 to
 int8 (llama.cpp's Q8 activations) and reads the weight once with integer dot products; it
 computes a little differently from the plain path (the activations' rounding), within the
 quality standard of benchmarks/int8_quality.py. More rows: ``block_dequantize_panels``, the
@@ -16,9 +16,12 @@ import torch
 
 from fast.format_kernels import PLAIN, FormatKernels, RowKernels
 
-# The most rows the VNNI kernel computes (more: dequantized panels); measured on the
+# The most rows the VNNI kernel computes (more: dequantized panels), per format: where the
+# kernel's float work per row, not the weight's bytes, starts to cost more than a panel's
+# matmul -- later for Q4_0, whose 64-byte load holds twice the weights. Measured on the
 # single-user checkpoint, docs/benchmarks.md.
-BLOCK_DOT_ROWS = 16
+INT4_DOT_ROWS = 16
+Q8_0_DOT_ROWS = 8
 
 
 class BlockKernels(FormatKernels):
@@ -26,6 +29,7 @@ class BlockKernels(FormatKernels):
 
     fuses_silu_mul = True
     bits = 0
+    dot_rows = 0  # the most rows for the VNNI kernel
 
     def __init__(self, module) -> None:
         self.module = module
@@ -55,13 +59,13 @@ class BlockKernels(FormatKernels):
         if (dtype not in (torch.bfloat16, torch.float32) or not part.weight.is_contiguous()
                 or not part.weight_scale.is_contiguous()):
             return RowKernels([PLAIN])
-        return RowKernels([(BLOCK_DOT_ROWS, "block_linear (VNNI, int8 activations)", self.dots),
+        return RowKernels([(self.dot_rows, "block_linear (VNNI, int8 activations)", self.dots),
                            (None, "dequantized panels + matmul", self.panels)])
 
 
 class Int4Kernels(BlockKernels):
-    format, bits = "int4", 4
+    format, bits, dot_rows = "int4", 4, INT4_DOT_ROWS
 
 
 class Q8_0Kernels(BlockKernels):
-    format, bits = "q8_0", 8
+    format, bits, dot_rows = "q8_0", 8, Q8_0_DOT_ROWS

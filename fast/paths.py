@@ -25,7 +25,7 @@ The kernels' limits, as fast/csrc checks them (outside a limit the PyTorch kind 
   dequantizes); its tile linear: bfloat16 input, AMX-INT8 and AVX-512 BF16 in the build, the
   tile registers granted by Linux, INT8_FEW_ROWS + 1 to INT8_TILE_ROWS rows. The block formats
   (``quantization="int4"`` / ``"q8_0"``, fast/block_linear.py): bfloat16 or float32 input,
-  AVX-512 VNNI in the build; up to BLOCK_DOT_ROWS rows the VNNI kernel (activations quantized
+  AVX-512 VNNI in the build; up to 16 (int4) or 8 (q8_0) rows the VNNI kernel (activations quantized
   per block), more rows dequantized panels and a matmul each.
 """
 from __future__ import annotations
