@@ -31,7 +31,7 @@ import torch
 
 import gguf_files as G
 from core.formats import FORMATS
-from helpers import GreedyReference, build_checkpoint, build_tokenizer, greedy, make_llm, random_prompt
+from helpers import GreedyReference, assert_within_rounding, build_checkpoint, build_tokenizer, greedy, make_llm, random_prompt
 from tools.teacher_forced import teacher_forced_logits
 
 PROMPTS = [random_prompt(n, 800 + n) for n in (5, 17, 40)]
@@ -179,14 +179,7 @@ def test_block_files_compute_their_dequantized_weights(block_files, kind, arch):
     assert (logits(make_llm(file, **PATHS["eager"])) - want).abs().max() <= 1e-5 * want.abs().max()
     kernels = make_llm(file, **PATHS["kernels"])
     got = logits(kernels, mode="decode")  # one row a step: the few-row kernel where built
-    err = (got - want_decode).abs()
-    assert err.max() <= 0.05 * want_decode.abs().max()
-    # The top token is the spec's wherever the spec's top two are further apart than this
-    # position's largest error: a random checkpoint's near-ties may swap, nothing else.
-    top2 = want_decode.topk(2, dim=-1).values
-    clear = (top2[:, 0] - top2[:, 1]) > 2 * err.amax(-1)
-    assert clear.float().mean() >= 0.5, clear
-    assert torch.equal(got.argmax(-1)[clear], want_decode.argmax(-1)[clear])
+    assert_within_rounding(got, want_decode)  # activations rounded to 8 bits per block
     ref = GreedyReference(spec)
     ref.compare_all(PROMPTS, plain.generate(PROMPTS, greedy(10), use_tqdm=False), 10)
     assert ref.compared >= 20
