@@ -8,8 +8,8 @@ What runs is a ``FastPaths`` (fast/paths.py, chosen once from the engine's setti
   (fast/linear.py); a weight format's linears by its kernels, chosen per row count once per
   linear (fast/format_kernels.py); norms and each head's norm + RoPE by the compiled glue
   (fast/glue.py); at a step of decode rows only, each decoder layer in one compiled call of
-  those same kernels (fast/decode_layer.py) -- all through model.py's backend seam, on the model's own parameters: no
-  copy of the model;
+  those same kernels (fast/decode_layer.py) -- all through model.py's backend seam, on the
+  model's own parameters: no copy of the model;
 * the KV pool on huge pages (fast/cpu_memory.py);
 * before each step, the CPU tuning's thread check (fast/tuning.py), when an entry point gave one.
 

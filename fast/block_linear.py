@@ -1,8 +1,9 @@
 """The fast layer's kernels for llama.cpp's block formats, ``int4`` (Q4_0, core/int4_format.py)
 and ``q8_0`` (core/q8_0_format.py), on AVX-512 with VNNI (fast/csrc/block_linear.cpp).
 
-Up to ``dot_rows`` rows (16 for int4, 8 for q8_0): ``block_linear``, which quantizes the activations per block of 32 to
-int8 (llama.cpp's Q8 activations) and reads the weight once with integer dot products; it
+Up to ``dot_rows`` rows (16 for int4, 8 for q8_0): ``block_linear``, which quantizes the
+activations per block of 32 to int8 (llama.cpp's Q8 activations) and reads the weight once with
+integer dot products; it
 computes a little differently from the plain path (the activations' rounding), within the
 quality standard of benchmarks/int8_quality.py. More rows: ``block_dequantize_panels``, the
 plain path's math (the weight dequantized in the activations' dtype) a panel of rows at a time,

@@ -9,15 +9,15 @@
 // rounded once to the input's dtype. Any number of rows: eight input rows share each weight
 // load, and a task's weight rows stay in cache while every group of eight passes over them.
 //
-//   Q4_0: the nibbles are the unsigned operand and the activations the signed one; the offset
-//   of 8 is taken off afterwards, per block: -8 * sum(activations) * scales.
-//   Q8_0: the weight is the signed operand, so the activations are stored + 128 (unsigned); the
-//   accumulator starts at -128 * sum(weights) of each lane, itself one VPDPBUSD with ones.
+//   The weight is VPDPBUSD's unsigned operand as stored: Q4_0's nibbles are value + 8, Q8_0's
+//   bytes get their sign bit flipped (value + 128); the activations are the signed operand.
+//   Each int32 lane starts at minus that offset times the sum of its own activations, so the
+//   integer dot products come out exact, with no correction afterwards.
 //
-// A 64-byte vector holds two blocks. A Q4_0 pair of blocks is 32 bytes, the low nibbles being
-// elements 0..15 of each block and the high ones 16..31, so the activations of a Q4_0 linear
-// are stored in that order (0..15 of the first block, 0..15 of the second, then 16..31 of each)
-// and the weight needs no shuffle. A lone last block uses 32-byte vectors.
+// A 64-byte load is a unit (see ``Unit``): four Q4_0 blocks, whose low nibbles (elements 0..15
+// of each block) meet the unit's first 64 activation bytes and high nibbles (16..31) the next
+// 64 -- the activations are stored in that order, so the weight needs no shuffle -- or two Q8_0
+// blocks. A last, partial unit is read with a mask. The weight is prefetched ahead of the dots.
 //
 // block_dequantize_panels: the weight dequantized a panel of rows at a time (in the input's
 // dtype, as the format's plain path rounds it) and multiplied by one matmul per panel, for row
@@ -38,6 +38,8 @@
     defined(__F16C__)
 #define STEP14_BLOCK_DOT 1
 #include <immintrin.h>
+
+#include "simd_math.h"
 #endif
 
 namespace {
@@ -100,19 +102,16 @@ struct Quantized {
   std::vector<float> lanes;    // [M, units * 16]: the lane's block's activation scale
 };
 
+// 16 inputs as float32 (bfloat16 widened exactly).
+inline __m512 load16(const float* x) { return _mm512_loadu_ps(x); }
+inline __m512 load16(const at::BFloat16* x) { return load_bf16(reinterpret_cast<const uint16_t*>(x), 0xFFFF); }
+
 // Blocks of 32 to int8: scale max|x| / 127, round to nearest even (the default MXCSR mode,
 // as torch.round does in the reference), as llama.cpp quantizes activations.
 //
 // The weight is the unsigned operand of VPDPBUSD (unsigned bytes times signed bytes): Q4_0's
 // nibbles as they are (value + 8), Q8_0's bytes + 128 (a sign-bit flip at load). So each lane
 // starts at -8 (or -128) times the sum of its activations, and the dot products come out exact.
-// 16 inputs as float32 (bfloat16 widened exactly).
-inline __m512 load16(const float* x) { return _mm512_loadu_ps(x); }
-inline __m512 load16(const at::BFloat16* x) {
-  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-}
-
 template <Kind K, typename T>
 Quantized quantize_rows(const T* x, int64_t m, int64_t k) {
   using U = Unit<K>;
