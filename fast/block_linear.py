@@ -1,28 +1,29 @@
 """The fast layer's kernels for llama.cpp's block formats, ``int4`` (Q4_0, core/int4_format.py)
-and ``q8_0`` (core/q8_0_format.py), on AVX-512 with VNNI (fast/csrc/block_linear.cpp).
+and ``q8_0`` (core/q8_0_format.py), on AVX-512 with VNNI.
 
-Up to ``dot_rows`` rows (16 for int4, 8 for q8_0): ``block_linear``, which quantizes the
-activations per block of 32 to int8 (llama.cpp's Q8 activations) and reads the weight once with
-integer dot products; it
-computes a little differently from the plain path (the activations' rounding), within the
-quality standard of benchmarks/int8_quality.py. More rows: ``block_dequantize_panels``, the
-plain path's math (the weight dequantized in the activations' dtype) a panel of rows at a time,
-one matmul each, where the matmul's arithmetic, not the weight's bytes, is the cost. Both apply
-silu(gate) * up of a gate/up linear in the same call. A build without AVX-512 VNNI keeps the
-plain path (the dequantized weight's matmul) and ``describe()`` says so.
+Both quantize the activations per block of 32 to int8 (llama.cpp's Q8 activations) and read
+the weight with integer dot products, so they compute a little differently from the plain path
+(the activations' rounding), within the quality standard of benchmarks/int4_quality.py. Up to
+``dot_rows`` rows (2 for int4, 1 for q8_0): ``block_linear`` (fast/csrc/block_linear.cpp),
+which reads each weight row across a vector's lanes; more: ``lane_linear``
+(fast/csrc/lane_linear.cpp), which copies 16 weight rows at a time into the lanes, so that a
+block of 32 costs each input row one float step for 16 weight rows -- the cost past a row or
+two, where block_linear's float step per row and block is. Both apply silu(gate) * up of a
+gate/up linear in the same call. A build without AVX-512 VNNI keeps the plain path (the
+dequantized weight's matmul) and ``describe()`` says so.
 """
 from __future__ import annotations
 
 import torch
 
+from fast.decode_layer import LINEAR_LANES
 from fast.format_kernels import PLAIN, FormatKernels, RowKernels
 
-# The most rows the VNNI kernel computes (more: dequantized panels), per format: where the
-# kernel's float work per row, not the weight's bytes, starts to cost more than a panel's
-# matmul -- later for Q4_0, whose 64-byte load holds twice the weights. Measured on the
-# single-user checkpoint, docs/benchmarks.md.
-INT4_DOT_ROWS = 16
-Q8_0_DOT_ROWS = 8
+# The most rows block_linear computes (more: lane_linear), per format: where the copy into the
+# lanes starts to pay -- later for Q4_0, whose copy moves half the bytes per weight but whose
+# block_linear needs half the float steps. Measured on the single-user checkpoint, docs/kernels.md.
+INT4_DOT_ROWS = 2
+Q8_0_DOT_ROWS = 1
 
 
 class BlockKernels(FormatKernels):
@@ -30,7 +31,7 @@ class BlockKernels(FormatKernels):
 
     fuses_silu_mul = True
     bits = 0
-    dot_rows = 0  # the most rows for the VNNI kernel
+    dot_rows = 0  # the most rows for block_linear
 
     def __init__(self, module) -> None:
         self.module = module
@@ -39,15 +40,16 @@ class BlockKernels(FormatKernels):
         def dots(part, x, fused):
             return module.block_linear(x, part.weight, part.weight_scale, part.bias, bits, fused)
 
-        def panels(part, x, fused):
-            return module.block_dequantize_panels(x, part.weight, part.weight_scale, part.bias, bits, fused)
+        def lanes(part, x, fused):
+            return module.lane_linear(x, part.weight, part.weight_scale, part.bias, bits, fused)
 
-        dots.decode_kind = bits  # fast/decode_layer.py: LINEAR_Q4_0 / LINEAR_Q8_0 are the bits
-        self.dots, self.panels = dots, panels
+        # fast/decode_layer.py: LINEAR_Q4_0 / LINEAR_Q8_0 are the bits; lane_linear's kinds LINEAR_LANES + them
+        dots.decode_kind, lanes.decode_kind = bits, LINEAR_LANES + bits
+        self.dots, self.lanes = dots, lanes
 
     @classmethod
     def probe(cls, module):
-        if not module.block_linear_available():
+        if not (module.block_linear_available() and module.lane_linear_available()):
             return None, [f"{cls.format} linears (built without AVX-512 VNNI: the plain path's "
                           f"dequantized matmul runs them)"]
         return cls(module), []
@@ -61,7 +63,7 @@ class BlockKernels(FormatKernels):
                 or not part.weight_scale.is_contiguous()):
             return RowKernels([PLAIN])
         return RowKernels([(self.dot_rows, "block_linear (VNNI, int8 activations)", self.dots),
-                           (None, "dequantized panels + matmul", self.panels)])
+                           (None, "lane_linear (VNNI, 16 weight rows in the lanes)", self.lanes)])
 
 
 class Int4Kernels(BlockKernels):

@@ -51,6 +51,7 @@ class RowKernels:
         self.spans, self.by_rows, self.more = tuple(spans), tuple(table), more
         # what fast/decode_layer.py calls each row count's kernel (a kernel's ``decode_kind``)
         self.kinds = tuple(getattr(kernel, "decode_kind", None) for kernel in table)
+        self.more_kind = getattr(more, "decode_kind", None)
 
     def kernel(self, x: torch.Tensor) -> Kernel:
         rows = x.shape[0] if x.dim() == 2 else len(self.by_rows)
@@ -58,9 +59,9 @@ class RowKernels:
 
     def decode_kind(self, x: torch.Tensor) -> int | None:
         """What fast/decode_layer.py calls the kernel for ``x`` (a kernel's ``decode_kind``), or
-        None where that file has no name for it (any row count past the bounded spans)."""
+        None where that file has no name for it."""
         rows = x.shape[0]
-        return self.kinds[rows] if rows < len(self.kinds) else None
+        return self.kinds[rows] if rows < len(self.kinds) else self.more_kind
 
     def describe(self) -> str:
         out, first = [], 1

@@ -1,17 +1,22 @@
 """The fast layer's kernels for 8-bit weights (core/int8_format.py), which stream the int8 weight
-once per call: up to INT8_FEW_ROWS rows (any up to INT8_ROWS where there are no tiles, or the
-input is float32) by the few-row kernel (fast/csrc/int8_linear.cpp); bfloat16 rows up to
-INT8_TILE_ROWS on AMX's int8 tiles (fast/csrc/int8_tiles.cpp), where the build and Linux grant
-them; more rows by one matmul on the weight dequantized for the call (as model.py rounds it),
-where the matmul's compute, not the weight's bytes, is the cost. Each kernel also applies
-silu(gate) * up of a gate/up linear in the same call.
+once per call. One row by the few-row kernel (fast/csrc/int8_linear.cpp), exact activations;
+more rows, where AMX's int8 tiles run bfloat16 rows (fast/csrc/int8_tiles.cpp; the build and
+Linux grant them): up to INT8_FEW_ROWS rows the few-row kernel, to INT8_TILE_ROWS the tiles,
+more one matmul on the weight dequantized for the call (as model.py rounds it). Bfloat16 rows
+without tiles, on AVX-512 VNNI: ``lane_linear`` (fast/csrc/lane_linear.cpp), 16 weight rows at
+a time in the lanes of integer dot products against activations quantized per block of 32
+(llama.cpp's Q8 activations: a rounding of bfloat16's order, held to the quality standard of
+benchmarks/int8_quality.py), where the few-row kernel's float multiply per weight and row is the
+cost. Float32 rows keep exact activations (the tokens of the dequantized checkpoint): the
+few-row kernel up to INT8_ROWS, then the dequantized matmul, as without VNNI. Each kernel also applies silu(gate) * up
+of a gate/up linear in the same call.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from fast.decode_layer import LINEAR_INT8, LINEAR_INT8_TILES
+from fast.decode_layer import LINEAR_INT8, LINEAR_INT8_TILES, LINEAR_LANES
 from fast.format_kernels import PLAIN, FormatKernels, RowKernels, silu_mul
 
 INT8_ROWS = 8   # the most rows fast/csrc/int8_linear.cpp takes
@@ -19,6 +24,7 @@ INT8_ROWS = 8   # the most rows fast/csrc/int8_linear.cpp takes
 # faster) to INT8_TILE_ROWS (more: the matmul on the dequantized weight is); measured, docs/benchmarks.md.
 INT8_FEW_ROWS = 3
 INT8_TILE_ROWS = 128
+INT8_LANE_FROM = 2  # lane_linear from this many rows where there are no tiles (measured too)
 
 
 class Int8Kernels(FormatKernels):
@@ -27,8 +33,8 @@ class Int8Kernels(FormatKernels):
     format = "int8"
     fuses_silu_mul = True
 
-    def __init__(self, module, tiles: bool = False) -> None:
-        self.module, self.tiles = module, tiles
+    def __init__(self, module, tiles: bool = False, lanes: bool = False) -> None:
+        self.module, self.tiles, self.lanes = module, tiles, lanes
 
         def few_rows(part, x, fused):
             return module.int8_linear(x, part.weight, part.weight_scale, part.bias, fused)
@@ -40,20 +46,28 @@ class Int8Kernels(FormatKernels):
             y = F.linear(x, module.int8_dequantize(part.weight, part.weight_scale, x.dtype), part.bias)
             return silu_mul(y) if fused else y
 
+        def in_lanes(part, x, fused):
+            return module.lane_linear(x, part.weight, part.weight_scale, part.bias, 1, fused)
+
         few_rows.decode_kind, on_tiles.decode_kind = LINEAR_INT8, LINEAR_INT8_TILES  # fast/decode_layer.py
-        self.few_rows, self.on_tiles, self.dequantized = few_rows, on_tiles, dequantized
+        in_lanes.decode_kind = LINEAR_LANES + 1
+        self.few_rows, self.on_tiles, self.dequantized, self.in_lanes = few_rows, on_tiles, dequantized, in_lanes
 
     @classmethod
     def probe(cls, module):
         if not module.int8_linear_available():
             return None, ["8-bit linears (built without AVX-512)"]
+        lanes, off = module.lane_linear_available(), []
+        if not lanes:
+            off.append("8-bit lane linears (built without AVX-512 VNNI)")
         if not module.int8_tiles_available():
-            return cls(module), ["8-bit tile linears (built without AMX-INT8 and AVX-512 BF16, or "
-                                 "Linux refused the tile registers)"]
-        return cls(module, tiles=True), []
+            return cls(module, lanes=lanes), off + ["8-bit tile linears (built without AMX-INT8 and "
+                                                    "AVX-512 BF16, or Linux refused the tile registers)"]
+        return cls(module, tiles=True, lanes=lanes), off
 
     def names(self):
-        return ["8-bit linears"] + (["8-bit tile linears"] if self.tiles else [])
+        return (["8-bit linears"] + (["8-bit lane linears"] if self.lanes else [])
+                + (["8-bit tile linears"] if self.tiles else []))
 
     def choose(self, part, dtype):
         """The kernels take bfloat16 or float32 rows and a contiguous weight (the format makes
@@ -64,4 +78,7 @@ class Int8Kernels(FormatKernels):
         if self.tiles and dtype == torch.bfloat16:
             return RowKernels([(INT8_FEW_ROWS, "int8_linear", self.few_rows),
                                (INT8_TILE_ROWS, "int8_tiles", self.on_tiles), more])
+        if self.lanes and dtype == torch.bfloat16:  # float32 rows keep exact activations
+            return RowKernels([(INT8_LANE_FROM - 1, "int8_linear", self.few_rows),
+                               (None, "lane_linear (VNNI, int8 activations)", self.in_lanes)])
         return RowKernels([(INT8_ROWS, "int8_linear", self.few_rows), more])

@@ -34,7 +34,7 @@ from torch import Tensor
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = tuple(CSRC / name for name in ("bindings.cpp", "attention.cpp", "small_linear.cpp",
                                          "int8_linear.cpp", "int8_tiles.cpp", "block_linear.cpp",
-                                         "layer_glue.cpp", "decode_layer.cpp"))
+                                         "lane_linear.cpp", "layer_glue.cpp", "decode_layer.cpp"))
 HEADERS = (CSRC / "simd_math.h", CSRC / "checks.h", CSRC / "kernels.h")
 # -fopenmp: at::parallel_for is inline OpenMP; without it the kernel runs on one thread. The
 # OpenMP runtime it links is the one torch already loaded (same soname, libgomp.so.1).
@@ -81,8 +81,9 @@ class Kernels(Protocol):
     def block_linear(self, x: Tensor, weight: Tensor, scale: Tensor, bias: Optional[Tensor] = None,
                      bits: int = 4, silu_mul: bool = False) -> Tensor: ...
     def block_dequantize(self, weight: Tensor, scale: Tensor, bits: int, dtype) -> Tensor: ...
-    def block_dequantize_panels(self, x: Tensor, weight: Tensor, scale: Tensor, bias: Optional[Tensor] = None,
-                                bits: int = 4, silu_mul: bool = False) -> Tensor: ...
+    def lane_linear_available(self) -> bool: ...
+    def lane_linear(self, x: Tensor, weight: Tensor, scale: Tensor, bias: Optional[Tensor] = None,
+                    format: int = 4, silu_mul: bool = False) -> Tensor: ...
     def rms_norm(self, x: Tensor, weight: Tensor, eps: float) -> Tensor: ...
     def decode_layer(self, x: Tensor, norms: list, eps: float, kinds: list, weights: list, scales: list,
                      biases: list, q_norm: Optional[Tensor], k_norm: Optional[Tensor], head_eps: float,

@@ -55,7 +55,7 @@ KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # STEP14_CPU_FEATURES_OFF=amx,vnni,bf16 (any of them): the kernels that need that CPU feature
 # stay off, as on a CPU without it -- so one machine runs, and tests check, the path another
 # kind of machine takes. Feature -> the compiled module's probes it answers False.
-FEATURE_PROBES = {"amx": ("int8_tiles_available",), "vnni": ("block_linear_available",),
+FEATURE_PROBES = {"amx": ("int8_tiles_available",), "vnni": ("block_linear_available", "lane_linear_available"),
                   "bf16": ("small_linear_available",)}
 
 

@@ -107,15 +107,17 @@ def reference(x, weight, scale, bits, bias=None, silu_mul=False):
     return y
 
 
+@pytest.mark.parametrize("kernel", ["block_linear", "lane_linear"])
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("k", [32, 96, 1024, 1056])
-@pytest.mark.parametrize("rows", [0, 1, 2, 3, 8, 9, 20])
+@pytest.mark.parametrize("rows", [0, 1, 2, 3, 8, 9, 17, 20])
 @pytest.mark.parametrize("silu_mul", [False, True])
-def test_kernel_is_the_quantized_activations_math(kernels, bits, k, rows, silu_mul):
+def test_kernel_is_the_quantized_activations_math(kernels, kernel, bits, k, rows, silu_mul):
+    """70 weight rows: lane_linear's copies of 16 end in a partial one (35 of a gate/up pair)."""
     torch.manual_seed(k + rows)
     weight, scale = (quantize_q4_0 if bits == 4 else quantize_q8_0)(torch.randn(70, k))
     x, bias = torch.randn(rows, k), torch.randn(70)
-    got = kernels.block_linear(x, weight, scale, bias, bits, silu_mul)
+    got = getattr(kernels, kernel)(x, weight, scale, bias, bits, silu_mul)
     want = reference(x, weight, scale, bits, bias, silu_mul)
     assert got.shape == want.shape
     if rows:
@@ -123,24 +125,36 @@ def test_kernel_is_the_quantized_activations_math(kernels, bits, k, rows, silu_m
 
 
 @pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize("rows", [0, 1, 9, 33])
-def test_panels_are_the_dequantized_matmul(kernels, bits, rows):
-    torch.manual_seed(rows)
+def test_the_two_kernels_agree_in_bfloat16(kernels, bits):
+    """The same math summed in another order: bfloat16 outputs within one rounding step."""
+    torch.manual_seed(bits)
+    weight, scale = (quantize_q4_0 if bits == 4 else quantize_q8_0)(torch.randn(96, 1024) * 0.05)
+    x = torch.randn(16, 1024).bfloat16()
+    a = kernels.block_linear(x, weight, scale, None, bits, True).float()
+    b = kernels.lane_linear(x, weight, scale, None, bits, True).float()
+    assert a.dtype == b.dtype and (a - b).abs().le(a.abs() * 2 ** -7 + 1e-6).all()
+    assert (a == b).float().mean() > 0.9
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_dequantize_is_the_formats_own(kernels, bits):
     weight, scale = (quantize_q4_0 if bits == 4 else quantize_q8_0)(torch.randn(70, 1024))
-    x = torch.randn(rows, 1024)
     dequantized = (dequantize_q4_0 if bits == 4 else dequantize_q8_0)(weight, scale, torch.float32)
-    got = kernels.block_dequantize_panels(x, weight, scale, None, bits, False)
-    want = F.linear(x, dequantized)
-    assert got.shape == want.shape
-    if rows:
-        assert (got - want).abs().max() <= 1e-5 * (1 + want.abs().max())
+    assert torch.equal(kernels.block_dequantize(weight, scale, bits, torch.float32), dequantized)
     assert torch.equal(kernels.block_dequantize(weight, scale, bits, torch.bfloat16), dequantized.bfloat16())
 
 
-def test_kernel_refuses_a_wrong_scale(kernels):
+@pytest.mark.parametrize("kernel", ["block_linear", "lane_linear"])
+def test_kernel_refuses_a_wrong_scale(kernels, kernel):
     weight, scale = quantize_q4_0(torch.randn(8, 64))
     with pytest.raises(RuntimeError, match="float16 block scales"):
-        kernels.block_linear(torch.randn(1, 64), weight, scale.float(), None, 4, False)
+        getattr(kernels, kernel)(torch.randn(1, 64), weight, scale.float(), None, 4, False)
+
+
+def test_lane_linear_refuses_an_unknown_format(kernels):
+    weight, scale = quantize_q4_0(torch.randn(8, 64))
+    with pytest.raises(RuntimeError, match="format 4 .Q4_0., 8 .Q8_0. or 1"):
+        kernels.lane_linear(torch.randn(1, 64), weight, scale, None, 5, False)
 
 
 @pytest.mark.parametrize("fmt", ["int4", "q8_0"])
@@ -150,7 +164,10 @@ def test_the_kernels_path_is_chosen_and_keeps_greedy_tokens(fmt, tmp_path_factor
     fast = make_llm(source, quantization=fmt, dtype="bfloat16", enforce_eager=False)
     described = fast.llm_engine.engine_core.model_runner.backend.describe()
     if compiled_kernels().module.block_linear_available():
-        assert f"{fmt} linears: 1-{16 if fmt == 'int4' else 8} rows block_linear" in described, described
+        from fast.block_linear import INT4_DOT_ROWS, Q8_0_DOT_ROWS
+        most = INT4_DOT_ROWS if fmt == "int4" else Q8_0_DOT_ROWS
+        first = f"1-{most} rows" if most > 1 else "1 row"
+        assert f"{fmt} linears: {first} block_linear (VNNI, int8 activations), {most + 1}+ rows lane_linear" in described, described
     else:  # said, and the plain path's math runs them
         assert "built without AVX-512 VNNI" in described, described
     plain = make_llm(source, quantization=fmt, dtype="bfloat16", fast_paths=False)

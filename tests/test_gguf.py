@@ -190,7 +190,7 @@ def test_the_block_kernels_run_the_files_parts(block_files):
 
     described = make_llm(block_files["Q4_0", "qwen3"][0]).llm_engine.engine_core.model_runner.backend.describe()
     if compiled_kernels().module.block_linear_available():
-        assert "int4 linears: 1-16 rows block_linear" in described, described
+        assert "int4 linears: 1-2 rows block_linear" in described, described
     else:
         assert "built without AVX-512 VNNI" in described, described
 
@@ -220,9 +220,11 @@ def test_each_part_takes_its_own_tensors_type(sources, arch, tmp_path):
         assert model.lm_head.weight is model.embed_tokens.weight
     else:
         assert model.lm_head.weight.dtype == torch.float32  # BF16, cast to the model's dtype
-    assert torch.equal(logits(llm), logits(make_llm(spec, fast_paths=False)))
+    want = logits(make_llm(spec, fast_paths=False))
+    assert torch.equal(logits(llm), want)
     ref = GreedyReference(spec)
-    ref.compare_all(PROMPTS, make_llm(file).generate(PROMPTS, greedy(8), use_tqdm=False), 8)
+    ref.compare_all(PROMPTS, make_llm(file, **PATHS["eager"]).generate(PROMPTS, greedy(8), use_tqdm=False), 8)
+    assert_within_rounding(logits(make_llm(file)), want)  # the kernels: activations rounded per block
 
 
 # ----------------------------------------------------------------------------- refusals

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from benchmarks.int8_quality import engine_logits, logprob_error, text_ids
 from core.formats import FORMATS
@@ -35,7 +36,8 @@ def int8(linear: Linear) -> FormatLinear:
 
 
 def int8_kernel(kernels, part: FormatLinear, dtype, tiles: bool = False) -> FormatLinearKernel:
-    """The fast layer's replacement of an 8-bit linear: its kernel per row count, chosen once."""
+    """The fast layer's replacement of an 8-bit linear without the lane kernel (exact
+    activations): its kernel per row count, chosen once."""
     return FormatLinearKernel(Int8Kernels(kernels, tiles), part, dtype)
 
 
@@ -110,6 +112,41 @@ def test_kernel_equals_the_plain_part_within_rounding(kernels, dtype, rows, in_f
     assert got.dtype == dtype and got_mlp.dtype == dtype
     torch.testing.assert_close(got.float(), want.float(), **tol)
     torch.testing.assert_close(got_mlp.float(), want_mlp.float(), **tol)
+
+
+def quantized_activations_product(x, values, scale, bias, silu_mul):
+    """lane_linear's math: x per block of 32 to int8 (max|x| / 127, round to nearest even, in
+    float32 as the kernel rounds), then in float64 the integer dots with the int8 values, times
+    the block's and the row's scales."""
+    k = x.shape[1]
+    blocks = F.pad(x.float(), (0, -k % 32)).unflatten(1, (-1, 32))
+    amax = blocks.abs().amax(-1, keepdim=True)
+    q = torch.round(blocks * torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax)))
+    y = (q.double() * amax.double() / 127).flatten(1)[:, :k] @ values.double().t() * scale.double()
+    y = y + bias.double() if bias is not None else y
+    if silu_mul:
+        gate, up = y.chunk(2, dim=-1)
+        y = F.silu(gate) * up
+    return y
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("rows", [0, 1, 2, 16, 17, 40])
+@pytest.mark.parametrize("in_features", [32, 70, 100, 1056])
+@pytest.mark.parametrize("silu_mul", [False, True])
+def test_lane_kernel_is_the_quantized_activations_math(kernels, dtype, rows, in_features, silu_mul):
+    """50 weight rows: lane_linear's copies of 16 end in a partial one; K off 32 and 64 too."""
+    if not kernels.lane_linear_available():
+        pytest.skip("built without AVX-512 VNNI: no lane kernel here")
+    torch.manual_seed(rows + in_features)
+    values, scale = torch.randint(-127, 128, (50, in_features), dtype=torch.int8), torch.rand(50) * 0.01
+    x, bias = torch.randn(rows, in_features).to(dtype), torch.randn(50)
+    got = kernels.lane_linear(x, values, scale, bias, 1, silu_mul)
+    want = quantized_activations_product(x, values, scale, bias, silu_mul)
+    assert got.dtype == dtype and got.shape == want.shape
+    if rows:
+        step = 2 ** -8 if dtype == torch.bfloat16 else 1e-6
+        assert ((got.double() - want).abs() <= want.abs() * step + 1e-5 * (1 + want.abs().max())).all()
 
 
 @pytest.fixture(scope="module")

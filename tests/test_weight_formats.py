@@ -20,7 +20,7 @@ from torch import nn
 from core import formats
 from core.weight_format import WeightFormat
 from fast.format_kernels import FormatLinearKernel, RowKernels
-from fast.int8_linear import INT8_ROWS, Int8Kernels
+from fast.int8_linear import INT8_LANE_FROM, INT8_ROWS, Int8Kernels
 from fast.kernels import compiled_kernels
 from helpers import GreedyReference, build_checkpoint, greedy, make_llm, random_prompt
 from model import FormatLinear, Linear
@@ -234,19 +234,28 @@ class Counting:
         return counted
 
 
+@pytest.mark.parametrize("lanes", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_int8_rows_go_to_the_kernel_chosen_for_them(int8_kernels, dtype):
-    """Without AMX tiles: up to INT8_ROWS rows the few-row kernel, more the dequantized matmul."""
+def test_int8_rows_go_to_the_kernel_chosen_for_them(int8_kernels, dtype, lanes):
+    """Without AMX tiles: bfloat16 rows, one the few-row kernel, more lane_linear (where VNNI
+    is built); float32 rows, or without VNNI: up to INT8_ROWS rows the few-row kernel, more the
+    dequantized matmul."""
+    if lanes and not int8_kernels.lane_linear_available():
+        pytest.skip("built without AVX-512 VNNI: no lane kernel here")
+    lanes = lanes and dtype == torch.bfloat16
     part = FormatLinear.of(Linear(64, 32).to(dtype), formats.FORMATS["int8"])
     counting = Counting(int8_kernels)
-    replacement = FormatLinearKernel(Int8Kernels(counting), part, dtype)
-    assert replacement.describe() == (f"1-{INT8_ROWS} rows int8_linear, "
-                                      f"{INT8_ROWS + 1}+ rows int8_dequantize + matmul")
-    for rows in (1, INT8_ROWS, INT8_ROWS + 1, 40):
+    replacement = FormatLinearKernel(Int8Kernels(counting, lanes=lanes), part, dtype)
+    few = INT8_LANE_FROM - 1 if lanes else INT8_ROWS
+    more = "lane_linear (VNNI, int8 activations)" if lanes else "int8_dequantize + matmul"
+    assert replacement.describe() == (f"1 row int8_linear, {few + 1}+ rows {more}" if few == 1
+                                      else f"1-{few} rows int8_linear, {few + 1}+ rows {more}")
+    for rows in (1, few, few + 1, 40):
         counting.calls.clear()
         with torch.inference_mode():
             replacement(part, torch.randn(rows, 64).to(dtype))
-        assert counting.calls == ["int8_linear" if rows <= INT8_ROWS else "int8_dequantize"], rows
+        want = "int8_linear" if rows <= few else "lane_linear" if lanes else "int8_dequantize"
+        assert counting.calls == [want], rows
     strided = part.weight.detach().t().contiguous().t()  # [32, 64], not contiguous
     part.weight = nn.Parameter(strided, requires_grad=False)
     with torch.inference_mode():

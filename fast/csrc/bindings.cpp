@@ -37,10 +37,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("silu_mul") = false);
   m.def("block_dequantize", &block_dequantize, "a Q4_0 / Q8_0 block weight in bfloat16 or float32",
         py::arg("weight"), py::arg("scale"), py::arg("bits"), py::arg("dtype"));
-  m.def("block_dequantize_panels", &block_dequantize_panels, "linear on Q4_0 / Q8_0 block weights, "
-        "dequantized a panel of rows at a time, one matmul each (optionally silu(gate) * up)", py::arg("x"),
-        py::arg("weight"), py::arg("scale"), py::arg("bias") = py::none(), py::arg("bits") = 4,
-        py::arg("silu_mul") = false);
+  m.def("lane_linear_available", &lane_linear_available, "built with AVX-512 VNNI");
+  m.def("lane_linear", &lane_linear, "linear of several rows on Q4_0 (format 4), Q8_0 (8) or int8 row-scaled "
+        "(1) weights, 16 weight rows at a time copied into the lanes, the input quantized per block of 32 "
+        "to int8, VNNI dot products (optionally silu(gate) * up)", py::arg("x"), py::arg("weight"),
+        py::arg("scale"), py::arg("bias") = py::none(), py::arg("format") = 4, py::arg("silu_mul") = false);
   m.def("decode_layer", &decode_layer, "a decode step's decoder layer: norm, qkv, heads' norm + RoPE, K/V "
         "written, decode attention, o, residual, norm, silu(gate) * up, down, residual; each linear by "
         "the kernel its kind names", py::arg("x"), py::arg("norms"), py::arg("eps"), py::arg("kinds"),

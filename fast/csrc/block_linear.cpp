@@ -19,10 +19,7 @@
 // 64 -- the activations are stored in that order, so the weight needs no shuffle -- or two Q8_0
 // blocks. A last, partial unit is read with a mask. The weight is prefetched ahead of the dots.
 //
-// block_dequantize_panels: the weight dequantized a panel of rows at a time (in the input's
-// dtype, as the format's plain path rounds it) and multiplied by one matmul per panel, for row
-// counts where the matmul's arithmetic, not the weight's bytes, is the cost: the panel stays in
-// cache and the whole matrix is never widened in memory.
+// Past a row or two, each row's float step per unit is the cost: lane_linear.cpp computes those.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -47,7 +44,6 @@ namespace {
 constexpr int64_t BLOCK = 32;
 constexpr int64_t GROUP = 8;           // input rows that share each weight load
 constexpr int64_t ROWS_PER_TASK = 16;  // weight rows per parallel task
-constexpr int64_t PANEL_BYTES = 1 << 20;
 // How far ahead of the dots the weight is fetched (its scales: as far in blocks). The
 // hardware prefetcher alone leaves the loads waiting on memory between the dots.
 constexpr int64_t PREFETCH_BYTES = 8192;
@@ -407,39 +403,5 @@ at::Tensor block_dequantize(const at::Tensor& weight, const at::Tensor& scale, i
   check_weight(weight, scale, kind, k, "block_dequantize");
   at::Tensor out = at::empty({weight.size(0), k}, weight.options().dtype(dtype));
   dequantize_rows(weight, scale, kind, 0, weight.size(0), out, 0);
-  return out;
-}
-
-// As block_linear, computed on the weight dequantized a panel of rows at a time (about 1 MiB
-// of them in x's dtype; gate and up rows of a panel together) and one matmul per panel.
-at::Tensor block_dequantize_panels(const at::Tensor& x_in, const at::Tensor& weight, const at::Tensor& scale,
-                                   const c10::optional<at::Tensor>& bias, int64_t bits, bool silu_mul) {
-  const Kind kind = kind_of(bits, "block_dequantize_panels");
-  check_input(x_in, "block_dequantize_panels");
-  check_weight(weight, scale, kind, x_in.size(1), "block_dequantize_panels");
-  check_bias(bias, weight.size(0), "block_dequantize_panels");
-  TORCH_CHECK(!silu_mul || weight.size(0) % 2 == 0, "block_dequantize_panels: silu_mul needs gate and up rows");
-  const at::Tensor x = x_in.contiguous();
-  const int64_t m = x.size(0), k = x.size(1), n = weight.size(0), width = silu_mul ? n / 2 : n;
-  at::Tensor out = at::empty({m, width}, x.options());
-  if (m == 0 || width == 0) return out;
-  const int64_t parts = silu_mul ? 2 : 1;
-  const int64_t rows = std::max<int64_t>(16, PANEL_BYTES / (k * x.element_size() * parts) / 16 * 16);
-  at::Tensor bias_x;
-  if (bias.has_value() && bias->defined()) bias_x = bias->to(x.scalar_type());
-  for (int64_t p = 0; p < width; p += rows) {
-    const int64_t count = std::min(rows, width - p);
-    at::Tensor panel = at::empty({parts * count, k}, x.options());
-    for (int64_t part = 0; part < parts; ++part)
-      dequantize_rows(weight, scale, kind, part * width + p, count, panel, part * count);
-    at::Tensor y = at::matmul(x, panel.t());
-    if (bias_x.defined()) {
-      at::Tensor b = parts == 1 ? bias_x.narrow(0, p, count)
-                                : at::cat({bias_x.narrow(0, p, count), bias_x.narrow(0, width + p, count)});
-      y.add_(b);
-    }
-    if (silu_mul) y = at::silu(y.narrow(1, 0, count)).mul_(y.narrow(1, count, count));
-    out.narrow(1, p, count).copy_(y);
-  }
   return out;
 }

@@ -21,6 +21,7 @@ constexpr int64_t LINEAR_INT8 = 1;        // int8_linear: int8 weight, row scale
 constexpr int64_t LINEAR_INT8_TILES = 2;  // int8_tiles: the same on AMX tiles
 constexpr int64_t LINEAR_Q4_0 = 4;        // block_linear, bits 4
 constexpr int64_t LINEAR_Q8_0 = 8;        // block_linear, bits 8
+constexpr int64_t LINEAR_LANES = 10;      // lane_linear: + its format (1 int8, 4 Q4_0, 8 Q8_0)
 
 at::Tensor linear(int64_t kind, const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& scale,
                   const c10::optional<at::Tensor>& bias, bool silu_mul) {
@@ -32,9 +33,13 @@ at::Tensor linear(int64_t kind, const at::Tensor& x, const at::Tensor& weight, c
     case LINEAR_INT8_TILES:
     case LINEAR_Q4_0:
     case LINEAR_Q8_0:
+    case LINEAR_LANES + 1:
+    case LINEAR_LANES + 4:
+    case LINEAR_LANES + 8:
       TORCH_CHECK(scaled, "decode_layer: linear kind ", kind, " needs its weight's scales");
       if (kind == LINEAR_INT8) return int8_linear(x, weight, *scale, bias, silu_mul);
       if (kind == LINEAR_INT8_TILES) return int8_tiles(x, weight, *scale, bias, silu_mul);
+      if (kind > LINEAR_LANES) return lane_linear(x, weight, *scale, bias, kind - LINEAR_LANES, silu_mul);
       return block_linear(x, weight, *scale, bias, kind, silu_mul);
   }
   TORCH_CHECK(false, "decode_layer: no linear kind ", kind);

@@ -29,8 +29,9 @@ bool block_linear_available();
 at::Tensor block_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale,
                         const c10::optional<at::Tensor>& bias, int64_t bits, bool silu_mul);
 at::Tensor block_dequantize(const at::Tensor& weight, const at::Tensor& scale, int64_t bits, at::ScalarType dtype);
-at::Tensor block_dequantize_panels(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale,
-                                   const c10::optional<at::Tensor>& bias, int64_t bits, bool silu_mul);
+bool lane_linear_available();
+at::Tensor lane_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale,
+                       const c10::optional<at::Tensor>& bias, int64_t format, bool silu_mul);
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 at::Tensor norm_rope(const at::Tensor& x, const c10::optional<at::Tensor>& weight, double eps,
                      const at::Tensor& cos, const at::Tensor& sin);
