@@ -1,18 +1,19 @@
 """The fast layer's compiled kernels: C++ in fast/csrc/, built once per machine by torch's
 extension loader and cached on disk (``TORCH_EXTENSIONS_DIR``, by default under ~/.cache).
 
-One module, seven kernel files: paged attention (csrc/attention.cpp: decode rows, prompt chunks,
+One module, eight kernel files: paged attention (csrc/attention.cpp: decode rows, prompt chunks,
 and decode rows sharing a prefix), which reads keys and values straight from their blocks
 where the PyTorch kinds spend a dozen small ops per layer; bfloat16 linears of a few rows
 (csrc/small_linear.cpp), which stream each weight once at a decode step of one or a few
 sequences; linears on 8-bit weights, for a few rows (csrc/int8_linear.cpp) and on AMX's tiles
 for more (csrc/int8_tiles.cpp), which stream the int8 weight once; linears on llama.cpp's
 block formats Q4_0 and Q8_0 (csrc/block_linear.cpp: VNNI integer dot products against
-activations quantized per block, and panels dequantized for a matmul); and a layer's glue
+activations quantized per block, a weight row across the lanes) and, for more rows, those and
+int8 with 16 weight rows in the lanes (csrc/lane_linear.cpp); and a layer's glue
 (csrc/layer_glue.cpp: RMSNorm, the heads' norm and RoPE), one call where PyTorch spends
 several small ops; and a decode step's whole decoder layer (csrc/decode_layer.cpp), those
 kernels composed in C++ where Python would call each. csrc/kernels.h declares what they export,
-csrc/simd_math.h holds the vector math two of them share. A machine without a C++ compiler (or ninja) keeps
+csrc/simd_math.h holds the vector math several of them share. A machine without a C++ compiler (or ninja) keeps
 the PyTorch kinds and says why (``KernelBuild.reason``); nothing else changes. The first build
 takes a while, the cached one about a second to load; ``KernelBuild`` records which it was and
 how long.

@@ -23,10 +23,11 @@ The kernels' limits, as fast/csrc checks them (outside a limit the PyTorch kind 
   linear (``quantization="int8"``, fast/int8_linear.py): bfloat16 or float32 input, AVX-512 in
   the build, at most INT8_ROWS rows (more rows: one matmul on the weight the kernel module
   dequantizes); its tile linear: bfloat16 input, AMX-INT8 and AVX-512 BF16 in the build, the
-  tile registers granted by Linux, INT8_FEW_ROWS + 1 to INT8_TILE_ROWS rows. The block formats
-  (``quantization="int4"`` / ``"q8_0"``, fast/block_linear.py): bfloat16 or float32 input,
-  AVX-512 VNNI in the build; up to 16 (int4) or 8 (q8_0) rows the VNNI kernel (activations quantized
-  per block), more rows dequantized panels and a matmul each.
+  tile registers granted by Linux, INT8_FEW_ROWS + 1 to INT8_TILE_ROWS rows; without tiles,
+  bfloat16 input from INT8_LANE_FROM rows: the lane linear (AVX-512 VNNI in the build). The
+  block formats (``quantization="int4"`` / ``"q8_0"``, fast/block_linear.py): bfloat16 or
+  float32 input, AVX-512 VNNI in the build; up to 2 (int4) or 1 (q8_0) rows ``block_linear``,
+  more ``lane_linear`` (activations quantized per block of 32 in both).
 """
 from __future__ import annotations
 

@@ -22,7 +22,6 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -121,9 +120,6 @@ struct Copy {
   std::vector<float> scale; // [blocks, 16]
 };
 
-template <Format F>
-constexpr int64_t row_bytes_per_block() { return F == Format::q4_0 ? 16 : 32; }
-
 // ``next``, ``next_count``: the rows the following copy will read, fetched meanwhile (the
 // hardware prefetcher does not learn 16 short streams before they end).
 template <Format F>
@@ -134,8 +130,10 @@ void copy_rows(const uint8_t* w, const at::Half* ws, int64_t row_bytes, int64_t 
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
   for (int64_t u = 0; u < units; ++u) {
     const int64_t bytes = std::min<int64_t>(64, row_bytes - u * 64);
-    const char* ahead = reinterpret_cast<const char*>(w + next * row_bytes + u * 64);
-    for (int i = 0; i < next_count; ++i, ahead += row_bytes) _mm_prefetch(ahead, _MM_HINT_T0);
+    if (next_count > 0) {
+      const char* ahead = reinterpret_cast<const char*>(w + next * row_bytes + u * 64);
+      for (int i = 0; i < next_count; ++i, ahead += row_bytes) _mm_prefetch(ahead, _MM_HINT_T0);
+    }
     __m512i r[16];
     const uint8_t* src = w + first * row_bytes + u * 64;
     if (count == 16 && bytes == 64) {
