@@ -52,17 +52,7 @@ enum class Kind { q4_0, q8_0 };
 
 // What a block format's entry point checks, whatever it computes.
 void check_weight(const at::Tensor& weight, const at::Tensor& scale, Kind kind, int64_t k, const char* name) {
-  const bool q4 = kind == Kind::q4_0;
-  TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous() && weight.device().is_cpu() &&
-                  weight.scalar_type() == (q4 ? at::kByte : at::kChar),
-              name, ": a contiguous ", q4 ? "uint8" : "int8", " CPU weight [N, ", q4 ? "K / 2" : "K", "], got ",
-              weight.sizes(), " ", weight.scalar_type());
-  TORCH_CHECK(k % BLOCK == 0 && weight.size(1) == (q4 ? k / 2 : k), name, ": K = ", k,
-              " must be a multiple of ", BLOCK, " and match the weight's ", weight.size(1), " columns");
-  TORCH_CHECK(scale.dim() == 2 && scale.size(0) == weight.size(0) && scale.size(1) == k / BLOCK &&
-                  scale.scalar_type() == at::kHalf && scale.is_contiguous() && scale.device().is_cpu(),
-              name, ": contiguous float16 block scales [N, K / 32] = [", weight.size(0), ", ", k / BLOCK,
-              "] on the CPU, got ", scale.sizes(), " ", scale.scalar_type());
+  check_block_weight(weight, scale, kind == Kind::q4_0, k, name);
 }
 
 Kind kind_of(int64_t bits, const char* name) {
@@ -321,29 +311,23 @@ void dequantize_row(const uint8_t* row, const at::Half* ws, int64_t k, Kind kind
   }
 }
 
-// Weight rows [first, first + rows) dequantized into rows [panel_row, ...) of ``panel``
+// Weight rows [first, first + rows) dequantized into rows [out_row, ...) of ``out``
 // ([*, K], float32 or bfloat16).
 void dequantize_rows(const at::Tensor& weight, const at::Tensor& scale, Kind kind, int64_t first, int64_t rows,
-                     at::Tensor& panel, int64_t panel_row) {
+                     at::Tensor& out, int64_t out_row) {
   const int64_t k = scale.size(1) * BLOCK, row_bytes = weight.size(1), nb = scale.size(1);
   const uint8_t* w = static_cast<const uint8_t*>(weight.data_ptr());
   const at::Half* ws = scale.data_ptr<at::Half>();
-  const bool to_float = panel.scalar_type() == at::kFloat;
+  const bool to_float = out.scalar_type() == at::kFloat;
   at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const uint8_t* src = w + (first + r) * row_bytes;
       if (to_float)
-        dequantize_row(src, ws + (first + r) * nb, k, kind, panel.data_ptr<float>() + (panel_row + r) * k);
+        dequantize_row(src, ws + (first + r) * nb, k, kind, out.data_ptr<float>() + (out_row + r) * k);
       else
-        dequantize_row(src, ws + (first + r) * nb, k, kind, panel.data_ptr<at::BFloat16>() + (panel_row + r) * k);
+        dequantize_row(src, ws + (first + r) * nb, k, kind, out.data_ptr<at::BFloat16>() + (out_row + r) * k);
     }
   });
-}
-
-void check_input(const at::Tensor& x, const char* name) {
-  TORCH_CHECK(x.dim() == 2 && x.device().is_cpu() &&
-                  (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat),
-              name, ": x [M, K] bfloat16 or float32 on the CPU, got ", x.sizes(), " ", x.scalar_type());
 }
 
 }  // namespace
@@ -364,7 +348,7 @@ at::Tensor block_linear(const at::Tensor& x_in, const at::Tensor& weight, const 
                         const c10::optional<at::Tensor>& bias, int64_t bits, bool silu_mul) {
   TORCH_CHECK(block_linear_available(), "block_linear: built without AVX-512 VNNI");
   const Kind kind = kind_of(bits, "block_linear");
-  check_input(x_in, "block_linear");
+  check_block_input(x_in, "block_linear");
   check_weight(weight, scale, kind, x_in.size(1), "block_linear");
   check_bias(bias, weight.size(0), "block_linear");
   TORCH_CHECK(!silu_mul || weight.size(0) % 2 == 0, "block_linear: silu_mul needs gate and up rows");

@@ -19,3 +19,27 @@ inline void check_row_scales(const at::Tensor& scale, int64_t n, const char* nam
               name, ": one float scale per weight row ([", n, "]) on the CPU, got ", scale.sizes(), " ",
               scale.scalar_type(), " on ", scale.device());
 }
+
+// x [M, K] bfloat16 or float32 on the CPU: what the VNNI kernels quantize per block.
+inline void check_block_input(const at::Tensor& x, const char* name) {
+  TORCH_CHECK(x.dim() == 2 && x.device().is_cpu() &&
+                  (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat),
+              name, ": x [M, K] bfloat16 or float32 on the CPU, got ", x.sizes(), " ", x.scalar_type());
+}
+
+// A llama.cpp block weight for inputs of K columns: Q4_0 (q4: uint8 [N, K / 2]) or Q8_0 (int8
+// [N, K]), contiguous, with contiguous float16 block scales [N, K / 32]; K a multiple of 32.
+inline void check_block_weight(const at::Tensor& weight, const at::Tensor& scale, bool q4, int64_t k,
+                               const char* name) {
+  constexpr int64_t block = 32;
+  TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous() && weight.device().is_cpu() &&
+                  weight.scalar_type() == (q4 ? at::kByte : at::kChar),
+              name, ": a contiguous ", q4 ? "uint8" : "int8", " CPU weight [N, ", q4 ? "K / 2" : "K", "], got ",
+              weight.sizes(), " ", weight.scalar_type());
+  TORCH_CHECK(k % block == 0 && weight.size(1) == (q4 ? k / 2 : k), name, ": K = ", k,
+              " must be a multiple of ", block, " and match the weight's ", weight.size(1), " columns");
+  TORCH_CHECK(scale.dim() == 2 && scale.size(0) == weight.size(0) && scale.size(1) == k / block &&
+                  scale.scalar_type() == at::kHalf && scale.is_contiguous() && scale.device().is_cpu(),
+              name, ": contiguous float16 block scales [N, K / 32] = [", weight.size(0), ", ", k / block,
+              "] on the CPU, got ", scale.sizes(), " ", scale.scalar_type());
+}

@@ -278,14 +278,12 @@ void lane_linear_into(const Acts& a, int64_t m, const at::Tensor& weight, const 
 #endif  // STEP14_LANE_DOT
 
 void check_operands(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale, Format f) {
-  TORCH_CHECK(x.dim() == 2 && x.device().is_cpu() && (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat),
-              "lane_linear: x [M, K] bfloat16 or float32 on the CPU, got ", x.sizes(), " ", x.scalar_type());
+  check_block_input(x, "lane_linear");
   const int64_t k = x.size(1);
-  TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous() && weight.device().is_cpu() &&
-                  weight.scalar_type() == (f == Format::q4_0 ? at::kByte : at::kChar),
-              "lane_linear: a contiguous ", f == Format::q4_0 ? "uint8" : "int8", " CPU weight, got ", weight.sizes(),
-              " ", weight.scalar_type());
   if (f == Format::int8) {
+    TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous() && weight.device().is_cpu() &&
+                    weight.scalar_type() == at::kChar,
+                "lane_linear: a contiguous int8 CPU weight [N, K], got ", weight.sizes(), " ", weight.scalar_type());
     TORCH_CHECK(weight.size(1) == k, "lane_linear: x's K = ", k, " but the int8 weight has ", weight.size(1),
                 " columns");
     check_row_scales(scale, weight.size(0), "lane_linear");
@@ -293,12 +291,7 @@ void check_operands(const at::Tensor& x, const at::Tensor& weight, const at::Ten
                 "lane_linear: contiguous float32 row scales, got ", scale.scalar_type());
     return;
   }
-  TORCH_CHECK(k % BLOCK == 0 && weight.size(1) == (f == Format::q4_0 ? k / 2 : k), "lane_linear: K = ", k,
-              " must be a multiple of ", BLOCK, " and match the weight's ", weight.size(1), " columns");
-  TORCH_CHECK(scale.dim() == 2 && scale.size(0) == weight.size(0) && scale.size(1) == k / BLOCK &&
-                  scale.scalar_type() == at::kHalf && scale.is_contiguous() && scale.device().is_cpu(),
-              "lane_linear: contiguous float16 block scales [N, K / 32] = [", weight.size(0), ", ", k / BLOCK,
-              "] on the CPU, got ", scale.sizes(), " ", scale.scalar_type());
+  check_block_weight(weight, scale, f == Format::q4_0, k, "lane_linear");
 }
 
 }  // namespace
