@@ -36,14 +36,17 @@ def trace_follow_up() -> tuple[list[str], int, list[str]]:
         files, calls, opened = set(), [0], []
         own = str(ROOT) + "/"
 
+        def ours(path: str) -> bool:  # a venv inside the checkout is not the project
+            return path.startswith(own) and "site-packages" not in path
+
         def profile(frame, event, arg):
             if event != "call":
                 return
             here = frame.f_code.co_filename
             caller = frame.f_back.f_code.co_filename if frame.f_back else ""
-            if here.startswith(own):
+            if ours(here):
                 files.add(here[len(own):])
-                calls[0] += caller != here and caller.startswith(own)
+                calls[0] += caller != here and ours(caller)
 
         sys.addaudithook(lambda event, args: opened.append(args[0]) if event == "open" and isinstance(
             args[0], str) and args[0].endswith(".json") and profiling else None)
