@@ -87,21 +87,16 @@ struct Quantized {
   std::vector<int8_t> q;       // [M, units * ACT]
   std::vector<int32_t> start;  // [M, units * 16]: -offset * (the lane's activation sum)
   std::vector<float> lanes;    // [M, units * 16]: the lane's block's activation scale
-  // Per block, for one row's path (``one_row_groups``), 16 blocks to a group in its lane order:
+  // Per block, for Q4_0's one-row path (``one_row_groups``), 16 blocks to a group in its lane order:
   std::vector<int32_t> block_start;  // [M, groups * 16]: -offset * (the block's activation sum)
   std::vector<float> block_scale;    // [M, groups * 16]: the block's activation scale
   int64_t groups = 0;
 };
 
-// One row's path sums each unit's lanes down to one per block before its float step, 16 blocks
-// at a time (``reduce16``); lane l of the result holds this block of the 16:
-//   Q4_0: a unit is four blocks, one per 128-bit lane; lane 4p + q <- unit q's 128-bit lane p.
-//   Q8_0: a unit is two blocks, two 128-bit lanes each; lane 4k + q <- blocks 2q, 2q + 1, 8 +
-//   2q, 9 + 2q for k = 0..3.
-template <Kind K>
-constexpr int block_at(int l) {
-  return K == Kind::q4_0 ? 4 * (l % 4) + l / 4 : (l / 4 >= 2 ? 8 : 0) + 2 * (l % 4) + (l / 4) % 2;
-}
+// Q4_0's one-row path sums each unit's lanes down to one per block before its float step, 16
+// blocks (four units, a block per 128-bit lane) at a time: lane l of the sums holds block
+// block_at(l) of the 16 -- lane 4p + q, unit q's 128-bit lane p.
+constexpr int block_at(int l) { return 4 * (l % 4) + l / 4; }
 
 // 16 inputs as float32 (bfloat16 widened exactly).
 inline __m512 load16(const float* x) { return _mm512_loadu_ps(x); }
@@ -123,11 +118,9 @@ Quantized quantize_rows(const T* x, int64_t m, int64_t k) {
   out.q.assign(m * out.act, 0);
   out.start.assign(m * out.units * 16, 0);
   out.lanes.assign(m * out.units * 16, 0.f);
-  out.groups = (out.blocks + 15) / 16;
+  out.groups = K == Kind::q4_0 ? (out.blocks + 15) / 16 : 0;
   out.block_start.assign(m * out.groups * 16, 0);
   out.block_scale.assign(m * out.groups * 16, 0.f);
-  int lane_of[16];
-  for (int l = 0; l < 16; ++l) lane_of[block_at<K>(l)] = l;
   const int32_t offset = K == Kind::q4_0 ? 8 : 128;
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t b = 0; b < out.blocks; ++b) {
@@ -156,9 +149,11 @@ Quantized quantize_rows(const T* x, int64_t m, int64_t k) {
         out.start[lane0 + t] = -offset * sum;
         out.lanes[lane0 + t] = amax / 127.f;
       }
-      const int64_t at = (i * out.groups + b / 16) * 16 + lane_of[b % 16];
-      out.block_start[at] = -offset * _mm512_reduce_add_epi32(_mm512_add_epi32(qlo, qhi));
-      out.block_scale[at] = amax / 127.f;
+      if constexpr (K == Kind::q4_0) {
+        const int64_t at = (i * out.groups + b / 16) * 16 + block_at(b % 16);  // block_at is its own inverse
+        out.block_start[at] = -offset * _mm512_reduce_add_epi32(_mm512_add_epi32(qlo, qhi));
+        out.block_scale[at] = amax / 127.f;
+      }
     }
   }
   return out;
@@ -198,29 +193,15 @@ inline __m512i sum_lanes4(const __m512i* v) {
   return _mm512_add_epi32(_mm512_unpacklo_epi64(s01, s23), _mm512_unpackhi_epi64(s01, s23));
 }
 
-// A group's units' integer dot products (4 for Q4_0, 8 for Q8_0), one sum per block, in
-// block_at's order.
-template <Kind K>
-inline __m512i reduce16(const __m512i* v) {
-  if constexpr (K == Kind::q4_0) {
-    return sum_lanes4(v);
-  } else {  // lanes 4p + q: the half p of block 2q + p / 2; the halves of a block added
-    const __m512i a = sum_lanes4(v), b = sum_lanes4(v + 4);
-    return _mm512_add_epi32(_mm512_shuffle_i32x4(a, b, _MM_SHUFFLE(2, 0, 2, 0)),
-                            _mm512_shuffle_i32x4(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
-  }
-}
-
-// One input row against the whole groups of 16 blocks of one weight row, into acc: each
+// One input row against the whole groups of 16 Q4_0 blocks of one weight row, into acc: each
 // unit's dot products summed per block first, then one float step per 16 blocks (where the
 // lane-per-unit path spends one per unit -- at one row, the kernel's cost). Returns the first
-// block it left (a partial group).
-template <Kind K>
+// block it left (a partial group). Measured slower for Q8_0 (twice the units to reduce).
 int64_t one_row_groups(const uint8_t* w, const at::Half* ws, const Quantized& a, int64_t row, __m512& acc) {
-  using U = Unit<K>;
+  constexpr Kind K = Kind::q4_0;
   alignas(64) int32_t order[16];
-  for (int l = 0; l < 16; ++l) order[l] = block_at<K>(l);
-  const __m512i perm = _mm512_load_si512(order);
+  for (int l = 0; l < 16; ++l) order[l] = block_at(l);
+  const __m512i perm = _mm512_load_si512(order), nib = _mm512_set1_epi8(0x0F);
   const int8_t* q = a.q.data() + row * a.act;
   const int32_t* start = a.block_start.data() + row * a.groups * 16;
   const float* scale = a.block_scale.data() + row * a.groups * 16;
@@ -229,24 +210,17 @@ int64_t one_row_groups(const uint8_t* w, const at::Half* ws, const Quantized& a,
     _mm_prefetch(reinterpret_cast<const char*>(ws + g) + PREFETCH_BYTES<K> / 16, _MM_HINT_T0);
     const __m512 dw = _mm512_permutexvar_ps(
         perm, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ws + g))));
-    const int64_t u0 = g / U::BLOCKS;
-    __m512i v[U::PER_GROUP];
-#pragma GCC unroll 8
-    for (int u = 0; u < U::PER_GROUP; ++u) {
-      const uint8_t* wu = w + (u0 + u) * 64;
-      const int8_t* qu = q + (u0 + u) * U::ACT;
+    __m512i v[4];
+#pragma GCC unroll 4
+    for (int u = 0; u < 4; ++u) {
+      const uint8_t* wu = w + (g / 4 + u) * 64;
+      const int8_t* qu = q + (g / 4 + u) * Unit<K>::ACT;
       _mm_prefetch(reinterpret_cast<const char*>(wu) + PREFETCH_BYTES<K>, _MM_HINT_T0);
       const __m512i x = _mm512_loadu_si512(wu);
-      if constexpr (K == Kind::q4_0) {
-        const __m512i nib = _mm512_set1_epi8(0x0F);
-        v[u] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(x, nib), _mm512_loadu_si512(qu));
-        v[u] = _mm512_dpbusd_epi32(v[u], _mm512_and_si512(_mm512_srli_epi16(x, 4), nib), _mm512_loadu_si512(qu + 64));
-      } else {
-        v[u] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_xor_si512(x, _mm512_set1_epi8(static_cast<char>(0x80))),
-                                   _mm512_loadu_si512(qu));
-      }
+      v[u] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(x, nib), _mm512_loadu_si512(qu));
+      v[u] = _mm512_dpbusd_epi32(v[u], _mm512_and_si512(_mm512_srli_epi16(x, 4), nib), _mm512_loadu_si512(qu + 64));
     }
-    const __m512i sums = _mm512_add_epi32(reduce16<K>(v), _mm512_loadu_si512(start + g));
+    const __m512i sums = _mm512_add_epi32(sum_lanes4(v), _mm512_loadu_si512(start + g));
     acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_mul_ps(dw, _mm512_loadu_ps(scale + g)), acc);
   }
   return g;
@@ -275,7 +249,7 @@ void row_dots(const uint8_t* w, const at::Half* ws, const Quantized& a, int64_t 
   __m512i index[U::PER_GROUP];
   for (int u = 0; u < U::PER_GROUP; ++u) index[u] = unit_lanes<K>(u);
   int64_t g = 0;
-  if constexpr (M == 1) g = one_row_groups<K>(w, ws, a, first, acc[0][0]);
+  if constexpr (M == 1 && K == Kind::q4_0) g = one_row_groups(w, ws, a, first, acc[0][0]);
   for (; g + 16 <= nb; g += 16) {
     _mm_prefetch(reinterpret_cast<const char*>(ws + g) + PREFETCH_BYTES<K> / 16, _MM_HINT_T0);
     const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ws + g)));
