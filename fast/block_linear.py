@@ -20,8 +20,8 @@ from fast.decode_layer import LINEAR_LANES
 from fast.format_kernels import PLAIN, FormatKernels, RowKernels
 
 # The most rows block_linear computes (more: lane_linear), per format: where the copy into the
-# lanes starts to pay -- later for Q4_0, whose copy moves half the bytes per weight but whose
-# block_linear needs half the float steps. Measured on the single-user checkpoint, docs/kernels.md.
+# lanes starts to pay -- later for Q4_0, whose one-row kernel sums its lanes per block before the
+# float step. Measured on the single-user checkpoint, docs/benchmarks.md.
 INT4_DOT_ROWS = 2
 Q8_0_DOT_ROWS = 1
 
