@@ -36,6 +36,7 @@
 #define STEP14_BLOCK_DOT 1
 #include <immintrin.h>
 
+#include "outputs.h"
 #include "simd_math.h"
 #endif
 
@@ -46,10 +47,11 @@ constexpr int64_t GROUP = 8;           // input rows that share each weight load
 constexpr int64_t ROWS_PER_TASK = 16;  // weight rows per parallel task
 enum class Kind { q4_0, q8_0 };
 
-// How far ahead of the dots the weight is fetched (its scales: as far in blocks), measured per
-// format. The hardware prefetcher alone leaves the loads waiting on memory between the dots.
+// How far ahead of the dots the weight is fetched (its scales: as far in blocks), measured. The
+// hardware prefetcher alone leaves the loads waiting on memory between the dots; fetched for
+// L1 only (NTA): a weight is read once; measured faster than a fetch into every level (T0).
 template <Kind K>
-constexpr int64_t PREFETCH_BYTES = K == Kind::q4_0 ? 16384 : 8192;
+constexpr int64_t PREFETCH_BYTES = 8192;
 
 // What a block format's entry point checks, whatever it computes.
 void check_weight(const at::Tensor& weight, const at::Tensor& scale, Kind kind, int64_t k, const char* name) {
@@ -60,8 +62,6 @@ Kind kind_of(int64_t bits, const char* name) {
   TORCH_CHECK(bits == 4 || bits == 8, name, ": bits 4 (Q4_0) or 8 (Q8_0), got ", bits);
   return bits == 4 ? Kind::q4_0 : Kind::q8_0;
 }
-
-inline float silu(float g) { return g / (1.0f + std::exp(-g)); }
 
 #ifdef STEP14_BLOCK_DOT
 
@@ -165,7 +165,7 @@ template <Kind K, int M, bool Full>
 inline void unit_dots(const uint8_t* w, __mmask64 mask, __m512 sw, const Quantized& a, int64_t first, int64_t u,
                       __m512* acc) {
   using U = Unit<K>;
-  if constexpr (Full) _mm_prefetch(reinterpret_cast<const char*>(w) + PREFETCH_BYTES<K>, _MM_HINT_T0);
+  if constexpr (Full) _mm_prefetch(reinterpret_cast<const char*>(w) + PREFETCH_BYTES<K>, _MM_HINT_NTA);
   const __m512i v = Full ? _mm512_loadu_si512(w) : _mm512_maskz_loadu_epi8(mask, w);
   __m512i w0, w1;
   if constexpr (K == Kind::q4_0) {
@@ -207,7 +207,7 @@ int64_t one_row_groups(const uint8_t* w, const at::Half* ws, const Quantized& a,
   const float* scale = a.block_scale.data() + row * a.groups * 16;
   int64_t g = 0;
   for (; g + 16 <= a.blocks; g += 16) {
-    _mm_prefetch(reinterpret_cast<const char*>(ws + g) + PREFETCH_BYTES<K> / 16, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(ws + g) + PREFETCH_BYTES<K> / 16, _MM_HINT_NTA);
     const __m512 dw = _mm512_permutexvar_ps(
         perm, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ws + g))));
     __m512i v[4];
@@ -215,7 +215,7 @@ int64_t one_row_groups(const uint8_t* w, const at::Half* ws, const Quantized& a,
     for (int u = 0; u < 4; ++u) {
       const uint8_t* wu = w + (g / 4 + u) * 64;
       const int8_t* qu = q + (g / 4 + u) * Unit<K>::ACT;
-      _mm_prefetch(reinterpret_cast<const char*>(wu) + PREFETCH_BYTES<K>, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(wu) + PREFETCH_BYTES<K>, _MM_HINT_NTA);
       const __m512i x = _mm512_loadu_si512(wu);
       v[u] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(x, nib), _mm512_loadu_si512(qu));
       v[u] = _mm512_dpbusd_epi32(v[u], _mm512_and_si512(_mm512_srli_epi16(x, 4), nib), _mm512_loadu_si512(qu + 64));
@@ -251,7 +251,7 @@ void row_dots(const uint8_t* w, const at::Half* ws, const Quantized& a, int64_t 
   int64_t g = 0;
   if constexpr (M == 1 && K == Kind::q4_0) g = one_row_groups(w, ws, a, first, acc[0][0]);
   for (; g + 16 <= nb; g += 16) {
-    _mm_prefetch(reinterpret_cast<const char*>(ws + g) + PREFETCH_BYTES<K> / 16, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(ws + g) + PREFETCH_BYTES<K> / 16, _MM_HINT_NTA);
     const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ws + g)));
     const int64_t u0 = g / U::BLOCKS;
 #pragma GCC unroll 8
@@ -276,26 +276,27 @@ void row_dots(const uint8_t* w, const at::Half* ws, const Quantized& a, int64_t 
   }
 }
 
-// dots [rows, m] for weight rows [begin, begin + rows) and input rows [first, first + m).
+// dots [m, rows] for weight rows [begin, begin + rows) and input rows [first, first + m).
 template <Kind K>
 void rows_dots(const uint8_t* w, const at::Half* ws, int64_t begin, int64_t rows, const Quantized& a,
                int64_t first, int64_t m, float* dots) {
   const int64_t nb = a.blocks, row_bytes = nb * Unit<K>::BLOCK_BYTES;
+  float row_out[GROUP];
   for (int64_t r = 0; r < rows; ++r) {
     const uint8_t* row = w + (begin + r) * row_bytes;
     const at::Half* scales = ws + (begin + r) * nb;
-    float* out = dots + r * GROUP;
     switch (m) {
-      case 1: row_dots<K, 1>(row, scales, a, first, out); break;
-      case 2: row_dots<K, 2>(row, scales, a, first, out); break;
-      case 3: row_dots<K, 3>(row, scales, a, first, out); break;
-      case 4: row_dots<K, 4>(row, scales, a, first, out); break;
-      case 5: row_dots<K, 5>(row, scales, a, first, out); break;
-      case 6: row_dots<K, 6>(row, scales, a, first, out); break;
-      case 7: row_dots<K, 7>(row, scales, a, first, out); break;
-      case 8: row_dots<K, 8>(row, scales, a, first, out); break;
+      case 1: row_dots<K, 1>(row, scales, a, first, row_out); break;
+      case 2: row_dots<K, 2>(row, scales, a, first, row_out); break;
+      case 3: row_dots<K, 3>(row, scales, a, first, row_out); break;
+      case 4: row_dots<K, 4>(row, scales, a, first, row_out); break;
+      case 5: row_dots<K, 5>(row, scales, a, first, row_out); break;
+      case 6: row_dots<K, 6>(row, scales, a, first, row_out); break;
+      case 7: row_dots<K, 7>(row, scales, a, first, row_out); break;
+      case 8: row_dots<K, 8>(row, scales, a, first, row_out); break;
       default: TORCH_CHECK(false, "block_linear: a group of ", m, " rows");  // groups hold 1..GROUP
     }
+    for (int64_t i = 0; i < m; ++i) dots[i * rows + r] = row_out[i];
   }
 }
 
@@ -304,20 +305,16 @@ void block_linear_into(const Quantized& a, int64_t m, const at::Tensor& weight, 
                        const float* bias, bool silu_mul, T* out, int64_t width) {
   const uint8_t* w = static_cast<const uint8_t*>(weight.data_ptr());
   const at::Half* ws = scale.data_ptr<at::Half>();
+  const Finish finish{nullptr, bias, width, silu_mul};
   at::parallel_for(0, width, ROWS_PER_TASK, [&](int64_t begin, int64_t end) {
     const int64_t rows = end - begin;
-    std::vector<float> gate(rows * GROUP), up(silu_mul ? rows * GROUP : 0);
+    const int64_t most = std::min(GROUP, m);  // input rows a group holds
+    std::vector<float> gate(rows * most), up(silu_mul ? rows * most : 0);
     for (int64_t first = 0; first < m; first += GROUP) {
       const int64_t group = std::min(GROUP, m - first);
       rows_dots<K>(w, ws, begin, rows, a, first, group, gate.data());
       if (silu_mul) rows_dots<K>(w, ws, width + begin, rows, a, first, group, up.data());
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t i = 0; i < group; ++i) {
-          const int64_t g_row = begin + r, u_row = width + begin + r;
-          float g = gate[r * GROUP + i] + (bias ? bias[g_row] : 0.f);
-          if (silu_mul) g = silu(g) * (up[r * GROUP + i] + (bias ? bias[u_row] : 0.f));
-          out[(first + i) * width + g_row] = static_cast<T>(g);  // rounded once, to nearest even
-        }
+      finish.rows(gate.data(), up.data(), group, begin, rows, out + first * width);
     }
   });
 }

@@ -19,6 +19,7 @@
 #define STEP14_INT8_DOT 1
 #include <immintrin.h>
 
+#include "outputs.h"
 #include "simd_math.h"
 #endif
 
@@ -26,7 +27,9 @@ namespace {
 
 constexpr int64_t MAX_ROWS = 8;        // input rows one call takes
 constexpr int64_t ROWS_PER_TASK = 32;  // weight rows per parallel task
-constexpr int64_t PREFETCH_BYTES = 2048;
+// How far ahead of the dots the weights are fetched, measured; for L1 only (NTA), as in
+// small_linear.cpp.
+constexpr int64_t PREFETCH_BYTES = 8192;
 
 #ifdef STEP14_INT8_DOT
 // Widening is the cost at these row counts: two cheap steps per 16 weights, done once per
@@ -41,7 +44,7 @@ inline float dot_one(const float* x, int64_t k, const int8_t* w) {
   __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
   int64_t c = 0;
   for (; c + 64 <= k; c += 64) {
-    _mm_prefetch(reinterpret_cast<const char*>(w + c) + PREFETCH_BYTES, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(w + c) + PREFETCH_BYTES, _MM_HINT_NTA);
     for (int j = 0; j < 4; ++j)
       acc[j] = _mm512_fmadd_ps(widen16(w + c + 16 * j, 0xFFFFu), _mm512_loadu_ps(x + c + 16 * j), acc[j]);
   }
@@ -62,7 +65,7 @@ inline void dot_block(const float* x, int64_t k, const int8_t* const* w, float* 
   int64_t c = 0;
   for (; c + 16 <= k; c += 16) {
     if ((c & 63) == 0)
-      for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(w[r] + c) + PREFETCH_BYTES, _MM_HINT_T0);
+      for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(w[r] + c) + PREFETCH_BYTES, _MM_HINT_NTA);
     __m512 ws[R];
     for (int r = 0; r < R; ++r) ws[r] = widen16(w[r] + c, 0xFFFFu);
     for (int m = 0; m < M; ++m) {
@@ -115,8 +118,6 @@ void dot_rows(const float* x, int64_t m, int64_t k, const int8_t* w, int64_t fir
 }
 #endif
 
-inline float silu(float g) { return g / (1.0f + std::exp(-g)); }
-
 }  // namespace
 
 bool int8_linear_available() {
@@ -147,34 +148,32 @@ at::Tensor int8_linear(const at::Tensor& x_in, const at::Tensor& weight, const a
   const at::Tensor x = x_in.to(at::kFloat).contiguous();
   const at::Tensor scale = scale_in.to(at::kFloat).contiguous();
   const int64_t m = x.size(0), k = x.size(1), n = weight.size(0), width = silu_mul ? n / 2 : n;
-  at::Tensor out = at::empty({m, width}, x.options());  // float32 sums, rounded once at the end
+  at::Tensor out = at::empty({m, width}, x_in.options());  // float32 sums, rounded once to x's dtype
   at::Tensor bias_f;
   const float* b = nullptr;
   if (bias.has_value() && bias->defined()) {
     bias_f = bias->to(at::kFloat).contiguous();
     b = bias_f.data_ptr<float>();
   }
-  if (m == 0 || width == 0) return out.to(x_in.scalar_type());  // nothing to read
+  if (m == 0 || width == 0) return out;  // nothing to read
 #ifdef STEP14_INT8_DOT
   const float* xp = x.data_ptr<float>();
   const int8_t* wp = weight.data_ptr<int8_t>();
   const float* s = scale.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  at::parallel_for(0, width, ROWS_PER_TASK, [&](int64_t begin, int64_t end) {
-    const int64_t rows = end - begin;
-    std::vector<float> gate(m * rows), up(silu_mul ? m * rows : 0);
-    dot_rows(xp, m, k, wp, begin, rows, gate.data());
-    if (silu_mul) dot_rows(xp, m, k, wp, width + begin, rows, up.data());
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t g_row = begin + r, u_row = width + begin + r;
-        float g = gate[i * rows + r] * s[g_row] + (b ? b[g_row] : 0.f);
-        if (silu_mul) g = silu(g) * (up[i * rows + r] * s[u_row] + (b ? b[u_row] : 0.f));
-        op[i * width + g_row] = g;
-      }
-  });
+  const Finish finish{s, b, width, silu_mul};
+  auto run = [&](auto* op) {
+    at::parallel_for(0, width, ROWS_PER_TASK, [&](int64_t begin, int64_t end) {
+      const int64_t rows = end - begin;
+      std::vector<float> gate(m * rows), up(silu_mul ? m * rows : 0);
+      dot_rows(xp, m, k, wp, begin, rows, gate.data());
+      if (silu_mul) dot_rows(xp, m, k, wp, width + begin, rows, up.data());
+      finish.rows(gate.data(), up.data(), m, begin, rows, op);
+    });
+  };
+  if (out.scalar_type() == at::kFloat) run(out.data_ptr<float>());
+  else run(out.data_ptr<at::BFloat16>());
 #endif
-  return out.to(x_in.scalar_type());
+  return out;
 }
 
 namespace {

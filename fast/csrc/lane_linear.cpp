@@ -32,6 +32,7 @@
 #define STEP14_LANE_DOT 1
 #include <immintrin.h>
 
+#include "outputs.h"
 #include "simd_math.h"
 #endif
 
@@ -217,28 +218,6 @@ void copy_dots_any(const Copy& c, const Acts& a, int64_t first, int64_t m, __m51
 #undef STEP14_CASE
   }
   TORCH_CHECK(false, "lane_linear: a pass of ", m, " rows");  // passes hold 1..MAX_M
-}
-
-inline void store16(float* out, __m512 v, __mmask16 m) { _mm512_mask_storeu_ps(out, m, v); }
-inline void store16(at::BFloat16* out, __m512 v, __mmask16 m) {
-#if defined(__AVX512BF16__)  // round to nearest even, as the conversion below
-  _mm256_mask_storeu_epi16(out, m, (__m256i)_mm512_cvtneps_pbh(v));
-#else
-  alignas(64) float f[16];
-  _mm512_store_ps(f, v);
-  for (int i = 0; i < 16; ++i)
-    if (m >> i & 1) out[i] = static_cast<at::BFloat16>(f[i]);  // rounded once, to nearest even
-#endif
-}
-
-// silu(g) * u, 16 lanes: g * sigmoid(g), sigmoid from e = exp(-|g|) (1 / (1 + e), or e / (1 + e)
-// for g < 0), so exp never overflows.
-inline __m512 silu_mul16(__m512 g, __m512 u) {
-  const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(g)));
-  const __m512 one = _mm512_set1_ps(1.0f);
-  const __mmask16 negative = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ);
-  const __m512 sigmoid = _mm512_div_ps(_mm512_mask_blend_ps(negative, one, e), _mm512_add_ps(one, e));
-  return _mm512_mul_ps(_mm512_mul_ps(g, sigmoid), u);
 }
 
 template <Format F, typename T>
