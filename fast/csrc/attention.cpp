@@ -95,7 +95,7 @@ inline __m512 load(const c10::Half* p, __mmask16 m) {
 template <typename T>
 inline void prefetch_block(const T* first_row, int64_t bytes) {
   const char* p = reinterpret_cast<const char*>(first_row);
-  for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch(p + i, _MM_HINT_T0);
+  for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch(p + i, _MM_HINT_NTA);
 }
 
 // Softmax of one query head's scores in place.
