@@ -161,17 +161,9 @@ at::Tensor int8_linear(const at::Tensor& x_in, const at::Tensor& weight, const a
   const int8_t* wp = weight.data_ptr<int8_t>();
   const float* s = scale.data_ptr<float>();
   const Finish finish{s, b, width, silu_mul};
-  auto run = [&](auto* op) {
-    at::parallel_for(0, width, ROWS_PER_TASK, [&](int64_t begin, int64_t end) {
-      const int64_t rows = end - begin;
-      std::vector<float> gate(m * rows), up(silu_mul ? m * rows : 0);
-      dot_rows(xp, m, k, wp, begin, rows, gate.data());
-      if (silu_mul) dot_rows(xp, m, k, wp, width + begin, rows, up.data());
-      finish.rows(gate.data(), up.data(), m, begin, rows, op);
-    });
-  };
-  if (out.scalar_type() == at::kFloat) run(out.data_ptr<float>());
-  else run(out.data_ptr<at::BFloat16>());
+  const auto dots = [&](int64_t first, int64_t rows, float* sums) { dot_rows(xp, m, k, wp, first, rows, sums); };
+  if (out.scalar_type() == at::kFloat) rows_over_threads(m, ROWS_PER_TASK, finish, dots, out.data_ptr<float>());
+  else rows_over_threads(m, ROWS_PER_TASK, finish, dots, out.data_ptr<at::BFloat16>());
 #endif
   return out;
 }

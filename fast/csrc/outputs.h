@@ -2,12 +2,15 @@
 // 16 rows at a time -- row scale, bias, silu(gate) * up, one rounding to the output's dtype.
 // Done one value at a time it cost a decode token as much as a few weight rows' reads (a
 // scalar exp and a scalar bfloat16 rounding per output). Included where the build targets
-// AVX-512.
+// AVX-512. Beside it, how a few-row kernel shares its weight rows out over the threads
+// (``rows_over_threads``).
 #pragma once
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <immintrin.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "simd_math.h"
 
@@ -60,3 +63,17 @@ struct Finish {
       }
   }
 };
+
+// A few-row linear's weight rows over the threads, ``grain`` rows at least per task:
+// dots(first, rows, sums) fills sums [m, rows] for weight rows [first, first + rows); the gate
+// rows, then (silu_mul) the up rows, then the last step into out [m, width].
+template <typename Dots, typename T>
+void rows_over_threads(int64_t m, int64_t grain, const Finish& finish, const Dots& dots, T* out) {
+  at::parallel_for(0, finish.width, grain, [&](int64_t begin, int64_t end) {
+    const int64_t rows = end - begin;
+    std::vector<float> gate(m * rows), up(finish.silu_mul ? m * rows : 0);
+    dots(begin, rows, gate.data());
+    if (finish.silu_mul) dots(finish.width + begin, rows, up.data());
+    finish.rows(gate.data(), up.data(), m, begin, rows, out);
+  });
+}

@@ -119,14 +119,8 @@ at::Tensor small_linear(const at::Tensor& x_in, const at::Tensor& weight, const 
   const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
   const uint16_t* wp = reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>());
   at::BFloat16* op = out.data_ptr<at::BFloat16>();
-  const Finish finish{nullptr, b, width, silu_mul};
-  at::parallel_for(0, width, ROWS_PER_TASK, [&](int64_t begin, int64_t end) {
-    const int64_t rows = end - begin;
-    std::vector<float> gate(m * rows), up(silu_mul ? m * rows : 0);
-    dot_block_any(xp, m, k, wp, begin, rows, gate.data());
-    if (silu_mul) dot_block_any(xp, m, k, wp, width + begin, rows, up.data());
-    finish.rows(gate.data(), up.data(), m, begin, rows, op);
-  });
+  const auto dots = [&](int64_t first, int64_t rows, float* sums) { dot_block_any(xp, m, k, wp, first, rows, sums); };
+  rows_over_threads(m, ROWS_PER_TASK, Finish{nullptr, b, width, silu_mul}, dots, op);
 #endif
   return out;
 }
