@@ -8,7 +8,6 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
-#include <cmath>
 #include <algorithm>
 #include <cstdint>
 #include <vector>

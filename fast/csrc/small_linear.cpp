@@ -6,7 +6,6 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
-#include <cmath>
 #include <cstdint>
 
 #include "checks.h"
