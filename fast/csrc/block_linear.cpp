@@ -412,12 +412,8 @@ at::Tensor block_linear(const at::Tensor& x_in, const at::Tensor& weight, const 
   at::Tensor out = at::empty({m, width}, x.options());  // float32 sums, rounded once to x's dtype
   if (m == 0 || width == 0) return out;  // nothing to read
 #ifdef STEP14_BLOCK_DOT
-  at::Tensor bias_f;
-  const float* b = nullptr;
-  if (bias.has_value() && bias->defined()) {
-    bias_f = bias->to(at::kFloat).contiguous();
-    b = bias_f.data_ptr<float>();
-  }
+  const FloatBias bias_f(bias);
+  const float* b = bias_f.data();
   auto run = [&](auto* xp, auto* op) {
     if (kind == Kind::q4_0)
       block_linear_into<Kind::q4_0>(quantize_rows<Kind::q4_0>(xp, m, k), m, weight, scale, b, silu_mul, op, width);

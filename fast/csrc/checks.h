@@ -1,5 +1,6 @@
 // Boundary checks the linear kernels share: what a kernel reads besides x and the weight is
-// checked where Python calls it, so a wrong operand raises instead of being read out of bounds.
+// checked where Python calls it, so a wrong operand raises instead of being read out of bounds;
+// and the bias as they read it once checked.
 #pragma once
 #include <ATen/ATen.h>
 
@@ -11,6 +12,14 @@ inline void check_bias(const c10::optional<at::Tensor>& bias, int64_t n, const c
               name, ": bias [N] = [", n, "] of floats on the CPU, got ", bias->sizes(), " ",
               bias->scalar_type(), " on ", bias->device());
 }
+
+// A checked bias as the kernels read it: float32 and contiguous (a converted copy, held), or none.
+struct FloatBias {
+  at::Tensor tensor;  // undefined without a bias
+  explicit FloatBias(const c10::optional<at::Tensor>& bias)
+      : tensor(bias.has_value() && bias->defined() ? bias->to(at::kFloat).contiguous() : at::Tensor()) {}
+  const float* data() const { return tensor.defined() ? tensor.data_ptr<float>() : nullptr; }
+};
 
 // scale: one float per weight row, on the CPU.
 inline void check_row_scales(const at::Tensor& scale, int64_t n, const char* name) {

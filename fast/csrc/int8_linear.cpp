@@ -148,12 +148,8 @@ at::Tensor int8_linear(const at::Tensor& x_in, const at::Tensor& weight, const a
   const at::Tensor scale = scale_in.to(at::kFloat).contiguous();
   const int64_t m = x.size(0), k = x.size(1), n = weight.size(0), width = silu_mul ? n / 2 : n;
   at::Tensor out = at::empty({m, width}, x_in.options());  // float32 sums, rounded once to x's dtype
-  at::Tensor bias_f;
-  const float* b = nullptr;
-  if (bias.has_value() && bias->defined()) {
-    bias_f = bias->to(at::kFloat).contiguous();
-    b = bias_f.data_ptr<float>();
-  }
+  const FloatBias bias_f(bias);
+  const float* b = bias_f.data();
   if (m == 0 || width == 0) return out;  // nothing to read
 #ifdef STEP14_INT8_DOT
   const float* xp = x.data_ptr<float>();

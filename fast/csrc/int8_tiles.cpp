@@ -243,12 +243,8 @@ at::Tensor int8_tiles(const at::Tensor& x_in, const at::Tensor& weight, const at
   const at::Tensor scale = scale_in.to(at::kFloat).contiguous();
   const int64_t m = x.size(0), k = x.size(1), n = weight.size(0), width = silu_mul ? n / 2 : n;
   at::Tensor out = at::empty({m, width}, x.options());
-  at::Tensor bias_f;
-  const float* b = nullptr;
-  if (bias.has_value() && bias->defined()) {
-    bias_f = bias->to(at::kFloat).contiguous();
-    b = bias_f.data_ptr<float>();
-  }
+  const FloatBias bias_f(bias);
+  const float* b = bias_f.data();
   if (m == 0 || width == 0) return out;
 #ifdef STEP14_INT8_TILES
   const int64_t chunks = (k + CHUNK - 1) / CHUNK, blocks = (m + TILE - 1) / TILE;
@@ -263,7 +259,7 @@ at::Tensor int8_tiles(const at::Tensor& x_in, const at::Tensor& weight, const at
       grid[i] = encode_row(xp + i * k, k, chunks, i % TILE, digits + (i / TILE) * block_bytes);
   });
   if (std::any_of(grid.begin(), grid.end(), [](float t) { return std::isnan(t); }))
-    return int8_tiles_fallback(x, weight, scale, bias_f, silu_mul);
+    return int8_tiles_fallback(x, weight, scale, bias_f.tensor, silu_mul);
   const int8_t* wp = weight.data_ptr<int8_t>();
   const float* s = scale.data_ptr<float>();
   at::BFloat16* op = out.data_ptr<at::BFloat16>();

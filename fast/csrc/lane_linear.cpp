@@ -300,12 +300,8 @@ at::Tensor lane_linear(const at::Tensor& x_in, const at::Tensor& weight, const a
   at::Tensor out = at::empty({m, width}, x.options());
   if (m == 0 || width == 0) return out;
 #ifdef STEP14_LANE_DOT
-  at::Tensor bias_f;
-  const float* b = nullptr;
-  if (bias.has_value() && bias->defined()) {
-    bias_f = bias->to(at::kFloat).contiguous();
-    b = bias_f.data_ptr<float>();
-  }
+  const FloatBias bias_f(bias);
+  const float* b = bias_f.data();
   const at::Tensor s = f == Format::int8 ? scale.view({-1}) : scale;
   auto run = [&](auto* xp, auto* op) {
     const Acts a = quantize(xp, m, k, f == Format::q4_0 ? 8 : 128);

@@ -107,12 +107,8 @@ at::Tensor small_linear(const at::Tensor& x_in, const at::Tensor& weight, const 
   const at::Tensor x = x_in.contiguous();
   const int64_t m = x.size(0), k = x.size(1), n = weight.size(0), width = silu_mul ? n / 2 : n;
   at::Tensor out = at::empty({m, width}, x.options());
-  const float* b = nullptr;
-  at::Tensor bias_f;
-  if (bias.has_value() && bias->defined()) {
-    bias_f = bias->to(at::kFloat).contiguous();
-    b = bias_f.data_ptr<float>();
-  }
+  const FloatBias bias_f(bias);
+  const float* b = bias_f.data();
   if (m == 0 || width == 0) return out;  // nothing to read (an empty x has no storage)
 #ifdef STEP14_BF16_DOT
   const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
