@@ -124,6 +124,22 @@ def test_kernel_is_the_quantized_activations_math(kernels, kernel, bits, k, rows
         assert (got.double() - want).abs().max() <= 1e-4 * (1 + want.abs().max())
 
 
+@pytest.mark.parametrize("kernel", ["block_linear", "lane_linear"])
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_kernel_at_the_extremes_of_its_sums(kernels, kernel, rows, sign):
+    """Every nibble 15 against every activation at +-127 (the largest partial sums a kernel
+    holds, in int16 where the one-row kernel sums a block's lanes), and every nibble 0 (the
+    largest offset): float32's rounding of the exact sums."""
+    k = 1056  # 33 blocks: two groups of 16 and a last, partial one
+    nibbles = torch.tensor([0xFF, 0x00, 0x0F, 0xF0], dtype=torch.uint8).repeat_interleave(64).repeat(k // 256 + 2)
+    weight = torch.stack([nibbles[i:i + k // 2] for i in range(0, 256, 16)])
+    scale = torch.ones(16, k // 32, dtype=torch.float16)
+    x = torch.full((rows, k), sign)
+    got, want = getattr(kernels, kernel)(x, weight, scale, None, 4, False), reference(x, weight, scale, 4)
+    assert (got.double() - want).abs().max() <= 1e-6 * want.abs().max()
+
+
 @pytest.mark.parametrize("bits", [4, 8])
 def test_the_two_kernels_agree_in_bfloat16(kernels, bits):
     """The same math summed in another order: bfloat16 outputs within one rounding step."""

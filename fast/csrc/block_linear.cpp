@@ -185,11 +185,25 @@ inline void unit_dots(const uint8_t* w, __mmask64 mask, __m512 sw, const Quantiz
   }
 }
 
-// Four vectors' 128-bit lanes summed: lane 4p + q of the result = the sum of v[q]'s lane p.
-inline __m512i sum_lanes4(const __m512i* v) {
-  const __m512i s01 = _mm512_add_epi32(_mm512_unpacklo_epi32(v[0], v[1]), _mm512_unpackhi_epi32(v[0], v[1]));
-  const __m512i s23 = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2], v[3]), _mm512_unpackhi_epi32(v[2], v[3]));
-  return _mm512_add_epi32(_mm512_unpacklo_epi64(s01, s23), _mm512_unpackhi_epi64(s01, s23));
+// The high nibble of each byte: one GFNI affine transform (bit i <- bit i + 4) where the CPU has
+// it, else a shift and a mask.
+inline __m512i high_nibbles(__m512i v, __m512i nib) {
+#ifdef __GFNI__
+  return _mm512_gf2p8affine_epi64_epi8(v, _mm512_set1_epi64(0x1020408000000000LL), 0);
+#else
+  return _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+#endif
+}
+
+// Four units' dot products summed per block, plus each block's start: lane 4p + q of the result
+// = the sum of unit q's 128-bit lane p (one block). A lane of a unit holds eight products of a
+// nibble (0..15) and an int8 (-127..127), so it and the sum of two fit in int16: two saturating
+// packs (which never saturate here) and pairwise adds do the transpose.
+inline __m512i block_sums(const __m512i* v, __m512i start) {
+  const __m512i ones = _mm512_set1_epi16(1);
+  const __m512i ab = _mm512_madd_epi16(_mm512_packs_epi32(v[0], v[1]), ones);  // a01 a23 b01 b23
+  const __m512i cd = _mm512_madd_epi16(_mm512_packs_epi32(v[2], v[3]), ones);
+  return _mm512_dpwssd_epi32(start, _mm512_packs_epi32(ab, cd), ones);
 }
 
 // One input row against the whole groups of 16 Q4_0 blocks of one weight row, into acc: each
@@ -217,9 +231,9 @@ int64_t one_row_groups(const uint8_t* w, const at::Half* ws, const Quantized& a,
       _mm_prefetch(reinterpret_cast<const char*>(wu) + PREFETCH_BYTES<K>, _MM_HINT_NTA);
       const __m512i x = _mm512_loadu_si512(wu);
       v[u] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(x, nib), _mm512_loadu_si512(qu));
-      v[u] = _mm512_dpbusd_epi32(v[u], _mm512_and_si512(_mm512_srli_epi16(x, 4), nib), _mm512_loadu_si512(qu + 64));
+      v[u] = _mm512_dpbusd_epi32(v[u], high_nibbles(x, nib), _mm512_loadu_si512(qu + 64));
     }
-    const __m512i sums = _mm512_add_epi32(sum_lanes4(v), _mm512_loadu_si512(start + g));
+    const __m512i sums = block_sums(v, _mm512_loadu_si512(start + g));
     acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_mul_ps(dw, _mm512_loadu_ps(scale + g)), acc);
   }
   return g;
