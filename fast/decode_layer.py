@@ -14,6 +14,8 @@ the C++ side names (``decode_kind`` returns None), a norm weight the kernels do 
 """
 from __future__ import annotations
 
+import operator
+
 import torch
 from torch import nn
 
@@ -50,36 +52,70 @@ def fusable(layer: DecoderLayer) -> bool:
 
 class KernelDecodeLayer:
     """One ``model.DecoderLayer`` by ``decode_layer`` at an all-decode step; ``linears``: the
-    replacements of its qkv, o, MLP (gate/up) and down projections."""
+    replacements of its qkv, o, MLP (gate/up) and down projections.
+
+    What the C++ call reads of the layer (``LayerWeights``: parameters, eps, each linear's
+    kernel) is built once and kept with what it was read from (``read``); any of that which is
+    another object at a later step -- a parameter replaced, another row count or dtype, an eps
+    set -- builds it again. A write through ``param.data`` moves none of these, but the engine
+    sees its storage move and derives everything again (``Backend.rederive``)."""
 
     def __init__(self, module, layer: DecoderLayer, linears: tuple) -> None:
         self.module, self.linears = module, linears
         self.parts = parts_of(layer)
         self.modules = tuple(part for part in self.parts if part is not None)
+        self._read: tuple = ()
+        self._weights = None
 
     def __call__(self, layer: DecoderLayer, x: torch.Tensor, plan, pool_k, pool_v, rope):
         decode = getattr(plan, "kernel_decode", None)
-        kinds = self.kinds(layer, x) if decode is not None else None
-        if kinds is None:
+        weights = self.weights(layer, x) if decode is not None else None
+        if weights is None:
             return layer.compute(x, plan, pool_k, pool_v, rope)
+        return self.module.decode_layer(x, weights, rope[0], rope[1], pool_k, pool_v, plan.slot_mapping,
+                                        decode.rows, decode.tables, decode.lo[self.parts[1].window], decode.hi,
+                                        plan.block_size)
+
+    def weights(self, layer: DecoderLayer, x: torch.Tensor):
+        """The layer's ``LayerWeights`` for ``x``, or None where it must run part by part."""
+        if parts_of(layer) != self.parts or x.dim() != 2 or not x.is_contiguous() or any_hooks(self.modules):
+            return None
+        read = self.read(x)
+        if len(read) != len(self._read) or not all(map(operator.is_, read, self._read)):
+            self._weights, self._read = self.build(x), read
+        return self._weights
+
+    def read(self, x: torch.Tensor) -> tuple:
+        """Everything ``build`` reads, as objects: what the kept ``LayerWeights`` stands for."""
+        norm_in, attn, qkv, q_norm, k_norm, _, o, norm_post, mlp, gate_up, down = self.parts
+        out = [x.shape[0], x.dtype, mlp.hidden_act, attn.window, attn.head_dim, norm_in.eps, norm_post.eps,
+               norm_in._parameters["weight"], norm_post._parameters["weight"]]
+        for norm in (q_norm, k_norm):
+            if norm is not None:
+                out += (norm.eps, norm._parameters["weight"])
+        for linear in (qkv, o, gate_up, down):
+            params = linear._parameters
+            out += (params["weight"], params.get("weight_scale"), params.get("bias"))
+        return tuple(out)
+
+    def build(self, x: torch.Tensor):
+        """The layer's ``LayerWeights`` as its parts are now, or None (part by part)."""
+        kinds = self.kinds(x)
+        if kinds is None:
+            return None
         norm_in, attn, qkv, q_norm, k_norm, _, o, norm_post, _, gate_up, down = self.parts
         linears = (qkv._parameters, o._parameters, gate_up._parameters, down._parameters)
-        return self.module.decode_layer(
-            x, [norm_in._parameters["weight"], norm_post._parameters["weight"]], norm_in.eps, kinds,
+        return self.module.LayerWeights(
+            [norm_in._parameters["weight"], norm_post._parameters["weight"]], norm_in.eps, kinds,
             [p["weight"] for p in linears], [p.get("weight_scale") for p in linears],
             [p.get("bias") for p in linears],
             None if q_norm is None else q_norm._parameters["weight"],
             None if k_norm is None else k_norm._parameters["weight"],
-            0.0 if q_norm is None else q_norm.eps, rope[0], rope[1], pool_k, pool_v, plan.slot_mapping,
-            decode.rows, decode.tables, decode.lo[attn.window], decode.hi, plan.block_size,
-            attn.head_dim ** -0.5)
+            0.0 if q_norm is None else q_norm.eps, attn.head_dim ** -0.5)
 
-    def kinds(self, layer: DecoderLayer, x: torch.Tensor) -> list[int] | None:
+    def kinds(self, x: torch.Tensor) -> list[int] | None:
         """Each linear's kernel for ``x``, or None where the layer must run part by part."""
-        parts = self.parts
-        if parts_of(layer) != parts or x.dim() != 2 or not x.is_contiguous() or any_hooks(self.modules):
-            return None
-        norm_in, attn, qkv, q_norm, k_norm, _, o, norm_post, mlp, _, down = parts
+        norm_in, attn, qkv, q_norm, k_norm, _, o, norm_post, mlp, _, down = self.parts
         if mlp.hidden_act != "silu" or norm_in.eps != norm_post.eps:
             return None
         if q_norm is not None and (k_norm is None or q_norm.eps != k_norm.eps):

@@ -124,6 +124,40 @@ def test_the_fused_call_checks_what_it_reads(calls):
     ones, none = torch.ones(8, dtype=torch.bfloat16), None
     index = torch.zeros(1, dtype=torch.long)
     with pytest.raises(RuntimeError, match="four linears"):
-        module.decode_layer(x, [ones, ones], 1e-6, [0, 0], [x, x], [none, none], [none, none], none, none,
-                            1e-6, x[:, None], x[:, None], pool, pool, index, index, index[None], index,
-                            index + 1, 16, 0.5)
+        module.LayerWeights([ones, ones], 1e-6, [0, 0], [x, x], [none, none], [none, none], none, none, 1e-6, 0.5)
+    layer = module.LayerWeights([ones, ones], 1e-6, [0] * 4, [x] * 4, [none] * 4, [none] * 4, none, none, 1e-6, 0.5)
+    with pytest.raises(RuntimeError, match="contiguous pools"):
+        module.decode_layer(x, layer, x[:, None], x[:, None], pool, pool.float(), index, index, index[None], index,
+                            index + 1, 16)
+
+
+def test_a_layer_is_read_again_when_a_part_changes(calls, monkeypatch, tmp_path_factory):
+    """What the fused call reads of a layer is kept between steps, and read again when any of
+    it changes: here every norm's eps, set between two requests (no parameter moves, so the
+    engine derives nothing again); the tokens stay the parts' own under the new eps."""
+    model = checkpoint("qwen3", tmp_path_factory)
+    quantization = "int4" if "int4" in formats_here() else None
+    if quantization is None and not compiled_kernels().module.small_linear_available():
+        pytest.skip("no few-row bfloat16 linear in this build")
+
+    def generate(fused: bool) -> list:
+        with monkeypatch.context() as patch:
+            if not fused:
+                patch.setattr(fast.backend, "layer_replacements", lambda *a: {})
+            llm = make_llm(model, dtype="bfloat16", quantization=quantization)
+        out = []
+        for seed in (7, 8):
+            outputs = llm.generate([random_prompt(21, seed)], greedy(8, logprobs=3), use_tqdm=False)
+            out.append((outputs[0].outputs[0].token_ids, outputs[0].outputs[0].logprobs))
+            for layer in llm.llm_engine.engine_core.model.layers:
+                layer.input_layernorm.eps = layer.post_attention_layernorm.eps = 0.5
+        return out
+
+    calls["n"] = 0
+    fused = generate(True)
+    assert calls["n"] > 0
+    assert fused == generate(False)
+    with monkeypatch.context():
+        llm = make_llm(model, dtype="bfloat16", quantization=quantization)
+    before = llm.generate([random_prompt(21, 8)], greedy(8, logprobs=3), use_tqdm=False)[0].outputs[0]
+    assert (before.token_ids, before.logprobs) != fused[1]  # the new eps changed the result

@@ -42,13 +42,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "(1) weights, 16 weight rows at a time copied into the lanes, the input quantized per block of 32 "
         "to int8, VNNI dot products (optionally silu(gate) * up)", py::arg("x"), py::arg("weight"),
         py::arg("scale"), py::arg("bias") = py::none(), py::arg("format") = 4, py::arg("silu_mul") = false);
+  py::class_<LayerWeights>(m, "LayerWeights", "what decode_layer reads of one decoder layer, kept")
+      .def(py::init<std::vector<at::Tensor>, double, std::vector<int64_t>, std::vector<at::Tensor>,
+                    std::vector<c10::optional<at::Tensor>>, std::vector<c10::optional<at::Tensor>>,
+                    c10::optional<at::Tensor>, c10::optional<at::Tensor>, double, double>(),
+           py::arg("norms"), py::arg("eps"), py::arg("kinds"), py::arg("weights"), py::arg("scales"),
+           py::arg("biases"), py::arg("q_norm"), py::arg("k_norm"), py::arg("head_eps"), py::arg("scale"));
   m.def("decode_layer", &decode_layer, "a decode step's decoder layer: norm, qkv, heads' norm + RoPE, K/V "
         "written, decode attention, o, residual, norm, silu(gate) * up, down, residual; each linear by "
-        "the kernel its kind names", py::arg("x"), py::arg("norms"), py::arg("eps"), py::arg("kinds"),
-        py::arg("weights"), py::arg("scales"), py::arg("biases"), py::arg("q_norm"), py::arg("k_norm"),
-        py::arg("head_eps"), py::arg("cos"), py::arg("sin"), py::arg("pool_k"), py::arg("pool_v"),
-        py::arg("slots"), py::arg("rows"), py::arg("tables"), py::arg("lo"), py::arg("hi"),
-        py::arg("block_size"), py::arg("scale"));
+        "the kernel its kind names", py::arg("x"), py::arg("layer"), py::arg("cos"), py::arg("sin"),
+        py::arg("pool_k"), py::arg("pool_v"), py::arg("slots"), py::arg("rows"), py::arg("tables"),
+        py::arg("lo"), py::arg("hi"), py::arg("block_size"));
   m.def("rms_norm", &rms_norm, "RMSNorm of each row, rounded as model.RMSNorm",
         py::arg("x"), py::arg("weight"), py::arg("eps"));
   m.def("norm_rope", &norm_rope, "each head's optional RMSNorm, then rotate-half RoPE",

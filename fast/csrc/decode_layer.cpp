@@ -61,20 +61,24 @@ void write_kv(at::Tensor& pool, const at::Tensor& kv, const int64_t* slots) {
 
 }  // namespace
 
-// x [B, hidden]; norms: the input and post-attention norms' weights; kinds, weights, scales,
-// biases: qkv, o, gate/up (stacked), down; q_norm / k_norm: each head's norm (Qwen3) or none;
-// cos [B, 1, D], sin [B, 1, D / 2]: RoPE of each row's position; pools [KVH, slots, D]; slots
-// [B]: where each row's K/V go; rows, tables, lo, hi, block_size, scale: decode_attention's.
-at::Tensor decode_layer(const at::Tensor& x, const std::vector<at::Tensor>& norms, double eps,
-                        const std::vector<int64_t>& kinds, const std::vector<at::Tensor>& weights,
-                        const std::vector<c10::optional<at::Tensor>>& scales,
-                        const std::vector<c10::optional<at::Tensor>>& biases,
-                        const c10::optional<at::Tensor>& q_norm, const c10::optional<at::Tensor>& k_norm,
-                        double head_eps, const at::Tensor& cos, const at::Tensor& sin, at::Tensor pool_k,
-                        at::Tensor pool_v, const at::Tensor& slots, const at::Tensor& rows, const at::Tensor& tables,
-                        const at::Tensor& lo, const at::Tensor& hi, int64_t block_size, double scale) {
+LayerWeights::LayerWeights(std::vector<at::Tensor> norms_, double eps_, std::vector<int64_t> kinds_,
+                           std::vector<at::Tensor> weights_, std::vector<c10::optional<at::Tensor>> scales_,
+                           std::vector<c10::optional<at::Tensor>> biases_, c10::optional<at::Tensor> q_norm_,
+                           c10::optional<at::Tensor> k_norm_, double head_eps_, double scale_)
+    : norms(std::move(norms_)), eps(eps_), kinds(std::move(kinds_)), weights(std::move(weights_)),
+      scales(std::move(scales_)), biases(std::move(biases_)), q_norm(std::move(q_norm_)),
+      k_norm(std::move(k_norm_)), head_eps(head_eps_), scale(scale_) {
   TORCH_CHECK(norms.size() == 2 && kinds.size() == 4 && weights.size() == 4 && scales.size() == 4 &&
                   biases.size() == 4, "decode_layer: two norms and four linears (qkv, o, gate/up, down)");
+}
+
+// x [B, hidden]; layer: its weights (above); cos [B, 1, D], sin [B, 1, D / 2]: RoPE of each
+// row's position; pools [KVH, slots, D]; slots [B]: where each row's K/V go; rows, tables, lo,
+// hi, block_size: decode_attention's.
+at::Tensor decode_layer(const at::Tensor& x, const LayerWeights& layer, const at::Tensor& cos, const at::Tensor& sin,
+                        at::Tensor pool_k, at::Tensor pool_v, const at::Tensor& slots, const at::Tensor& rows,
+                        const at::Tensor& tables, const at::Tensor& lo, const at::Tensor& hi, int64_t block_size) {
+  const auto& [norms, eps, kinds, weights, scales, biases, q_norm, k_norm, head_eps, scale] = layer;
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "decode_layer: x [B, hidden], contiguous");
   const int64_t batch = x.size(0), kv_heads = pool_k.size(0), dim = pool_k.size(2);
   TORCH_CHECK(pool_k.dim() == 3 && pool_k.sizes() == pool_v.sizes() && pool_k.is_contiguous() &&

@@ -36,11 +36,24 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 at::Tensor norm_rope(const at::Tensor& x, const c10::optional<at::Tensor>& weight, double eps,
                      const at::Tensor& cos, const at::Tensor& sin);
 
-at::Tensor decode_layer(const at::Tensor& x, const std::vector<at::Tensor>& norms, double eps,
-                        const std::vector<int64_t>& kinds, const std::vector<at::Tensor>& weights,
-                        const std::vector<c10::optional<at::Tensor>>& scales,
-                        const std::vector<c10::optional<at::Tensor>>& biases,
-                        const c10::optional<at::Tensor>& q_norm, const c10::optional<at::Tensor>& k_norm,
-                        double head_eps, const at::Tensor& cos, const at::Tensor& sin, at::Tensor pool_k,
-                        at::Tensor pool_v, const at::Tensor& slots, const at::Tensor& rows, const at::Tensor& tables,
-                        const at::Tensor& lo, const at::Tensor& hi, int64_t block_size, double scale);
+// What decode_layer reads of one decoder layer besides its input and the step's attention:
+// built once per layer and kept (fast/decode_layer.py builds it again when any of it changes).
+// norms: the input and post-attention norms' weights; kinds, weights, scales, biases: qkv, o,
+// gate/up (stacked), down; q_norm / k_norm: each head's norm (Qwen3) or none; scale: the
+// attention's 1 / sqrt(head_dim).
+struct LayerWeights {
+  LayerWeights(std::vector<at::Tensor> norms, double eps, std::vector<int64_t> kinds, std::vector<at::Tensor> weights,
+               std::vector<c10::optional<at::Tensor>> scales, std::vector<c10::optional<at::Tensor>> biases,
+               c10::optional<at::Tensor> q_norm, c10::optional<at::Tensor> k_norm, double head_eps, double scale);
+  std::vector<at::Tensor> norms;
+  double eps;
+  std::vector<int64_t> kinds;
+  std::vector<at::Tensor> weights;
+  std::vector<c10::optional<at::Tensor>> scales, biases;
+  c10::optional<at::Tensor> q_norm, k_norm;
+  double head_eps, scale;
+};
+
+at::Tensor decode_layer(const at::Tensor& x, const LayerWeights& layer, const at::Tensor& cos, const at::Tensor& sin,
+                        at::Tensor pool_k, at::Tensor pool_v, const at::Tensor& slots, const at::Tensor& rows,
+                        const at::Tensor& tables, const at::Tensor& lo, const at::Tensor& hi, int64_t block_size);
