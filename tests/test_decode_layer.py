@@ -157,7 +157,6 @@ def test_a_layer_is_read_again_when_a_part_changes(calls, monkeypatch, tmp_path_
     fused = generate(True)
     assert calls["n"] > 0
     assert fused == generate(False)
-    with monkeypatch.context():
-        llm = make_llm(model, dtype="bfloat16", quantization=quantization)
+    llm = make_llm(model, dtype="bfloat16", quantization=quantization)
     before = llm.generate([random_prompt(21, 8)], greedy(8, logprobs=3), use_tqdm=False)[0].outputs[0]
     assert (before.token_ids, before.logprobs) != fused[1]  # the new eps changed the result
