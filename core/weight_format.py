@@ -21,7 +21,7 @@ The one convention the defaults rely on: every stored parameter has the weight's
 first dimension (an int8 ``[rows, columns]`` weight and ``[rows]`` scales; a 4-bit weight packed
 two per byte ``[rows, columns / 2]`` and ``[rows, columns / 32]`` block scales), so a fused
 slice or the embedding rows of some tokens is the same rows of every stored parameter. A format
-that interleaves rows overrides ``load`` and ``embed``.
+that interleaves rows overrides ``stored`` and ``load`` (core/int4_format.py).
 
 Adding a format: a subclass in its own file, and one line in core/formats.py's registry.
 """

@@ -3,14 +3,16 @@ and ``q8_0`` (core/q8_0_format.py), on AVX-512 with VNNI.
 
 Both quantize the activations per block of 32 to int8 (llama.cpp's Q8 activations) and read
 the weight with integer dot products, so they compute a little differently from the plain path
-(the activations' rounding), within the quality standard of benchmarks/int4_quality.py. Up to
-``dot_rows`` rows (2 for int4, 1 for q8_0): ``block_linear`` (fast/csrc/block_linear.cpp),
-which reads each weight row across a vector's lanes; more: ``lane_linear``
-(fast/csrc/lane_linear.cpp), which copies 16 weight rows at a time into the lanes, so that a
-block of 32 costs each input row one float step for 16 weight rows -- the cost past a row or
-two, where block_linear's float step per row and block is. Both apply silu(gate) * up of a
-gate/up linear in the same call. A build without AVX-512 VNNI keeps the plain path (the
-dequantized weight's matmul) and ``describe()`` says so.
+(the activations' rounding), within the quality standard of benchmarks/int4_quality.py.
+``lane_linear`` (fast/csrc/lane_linear.cpp) holds 16 weight rows in a vector's lanes, so that a
+block of 32 costs each input row one float step for 16 weight rows. int4 is stored that way
+(core/int4_format.py interleaves its rows by 16), so it runs there at every row count, reading
+the weight in place. q8_0 is stored row by row: one row runs ``block_linear``
+(fast/csrc/block_linear.cpp), which reads each weight row across a vector's lanes; more rows
+run lane_linear, which copies 16 weight rows at a time into the lanes -- the cost past a row,
+where block_linear's float step per row and block is. Both apply silu(gate) * up of a gate/up
+linear in the same call. A build without AVX-512 VNNI keeps the plain path (the dequantized
+weight's matmul) and ``describe()`` says so.
 """
 from __future__ import annotations
 
@@ -19,10 +21,8 @@ import torch
 from fast.decode_layer import LINEAR_LANES
 from fast.format_kernels import PLAIN, FormatKernels, RowKernels
 
-# The most rows block_linear computes (more: lane_linear), per format: where the copy into the
-# lanes starts to pay -- later for Q4_0, whose one-row kernel sums its lanes per block before the
-# float step. Measured on the single-user checkpoint, docs/benchmarks.md.
-INT4_DOT_ROWS = 2
+# The most rows block_linear computes for q8_0 (more: lane_linear): where the copy into the lanes
+# starts to pay. Measured on the single-user checkpoint, docs/benchmarks.md. int4 has no copy.
 Q8_0_DOT_ROWS = 1
 
 
@@ -31,7 +31,7 @@ class BlockKernels(FormatKernels):
 
     fuses_silu_mul = True
     bits = 0
-    dot_rows = 0  # the most rows for block_linear
+    dot_rows: int | None = 0  # the most rows for block_linear (None: lane_linear for every count)
 
     def __init__(self, module) -> None:
         self.module = module
@@ -62,12 +62,14 @@ class BlockKernels(FormatKernels):
         if (dtype not in (torch.bfloat16, torch.float32) or not part.weight.is_contiguous()
                 or not part.weight_scale.is_contiguous()):
             return RowKernels([PLAIN])
+        if self.dot_rows is None:
+            return RowKernels([(None, "lane_linear (VNNI, 16 weight rows in the lanes, as stored)", self.lanes)])
         return RowKernels([(self.dot_rows, "block_linear (VNNI, int8 activations)", self.dots),
                            (None, "lane_linear (VNNI, 16 weight rows in the lanes)", self.lanes)])
 
 
 class Int4Kernels(BlockKernels):
-    format, bits, dot_rows = "int4", 4, INT4_DOT_ROWS
+    format, bits, dot_rows = "int4", 4, None
 
 
 class Q8_0Kernels(BlockKernels):

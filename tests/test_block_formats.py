@@ -3,9 +3,11 @@
 
 The spec is the checkpoint with each weight replaced by its dequantized value, run by Hugging
 Face in float32: the plain path and the fast path without kernels give exactly its tokens. The
-compiled kernel (fast/csrc/block_linear.cpp) quantizes the activations per block of 32 to 8 bits
-as llama.cpp does, so it is held to the same math done in float64 (``reference``), and its
-engine's greedy tokens to the plain path's on these checkpoints.
+compiled kernels (fast/csrc/block_linear.cpp, lane_linear.cpp) quantize the activations per
+block of 32 to 8 bits as llama.cpp does, so they are held to the same math done in float64
+(``reference``), and their engine's greedy tokens to the plain path's on these checkpoints.
+int4's parameters hold Q4_0's rows interleaved by 16 (core/int4_format.py): the kernels take
+them so (``as_stored``), the reference and ``stored`` in GGUF's order.
 """
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from core.formats import FORMATS
-from core.int4_format import dequantize_q4_0, quantize_q4_0, unpack_q4_0
+from core.int4_format import (GROUP, Int4Format, dequantize_q4_0, interleave_q4_0, quantize_q4_0,
+                               rows_from_groups, rows_in_groups, unpack_q4_0)
 from core.q8_0_format import dequantize_q8_0, quantize_q8_0
 from fast.kernels import compiled_kernels
 from helpers import GreedyReference, build_checkpoint, greedy, make_llm, random_prompt
@@ -78,6 +81,57 @@ def test_tokens_are_hf_on_the_dequantized_weights(fmt, arch, path, tmp_path_fact
     reference.compare_all(prompts, llm.generate(prompts, greedy(10), use_tqdm=False), 10)
 
 
+# ----------------------------------------------------------------------------- int4's stored order
+
+@pytest.mark.parametrize("rows", [1, 15, 16, 17, 40, 70])
+def test_interleaved_rows_are_the_documented_layout(rows):
+    """Group g (16 rows, the last fewer), block b, word j, row i of the group: the 4 bytes of row
+    16g + i at columns 4(4b + j).. (a block's 16 bytes are four words); scales: one per block."""
+    torch.manual_seed(rows)
+    packed, scale = quantize_q4_0(torch.randn(rows, 96))
+    weight, scales = interleave_q4_0(packed, scale)
+    assert weight.shape == packed.shape and scales.shape == scale.shape
+    flat, flat_scales, at, at_scale = weight.flatten(), scales.flatten(), 0, 0
+    for g in range(0, rows, GROUP):
+        count = min(GROUP, rows - g)
+        for b in range(3):
+            for j in range(4):
+                for i in range(count):
+                    assert torch.equal(flat[at:at + 4], packed[g + i, 16 * b + 4 * j:16 * b + 4 * j + 4])
+                    at += 4
+            assert torch.equal(flat_scales[at_scale:at_scale + count], scale[g:g + count, b])
+            at_scale += count
+    assert torch.equal(rows_from_groups(weight, 4), packed) and torch.equal(rows_from_groups(scales, 1), scale)
+
+
+@pytest.mark.parametrize("rows", [slice(0, 40), slice(5, 23), slice(16, 32), slice(33, 40), slice(39, 40)])
+def test_loading_some_rows_writes_those_rows_only(rows):
+    """A fused slice (q, k or v of a qkv weight) lands in the rows it names, whatever groups of 16
+    it shares; every other row keeps its bytes; a tensor given as stored is GGUF-ordered."""
+    torch.manual_seed(1)
+    fmt, part = Int4Format(), torch.nn.Module()
+    for name, param in fmt.create_weights(40, 64, torch.float32, torch.device("cpu")).items():
+        part.register_parameter(name, param)
+    before = fmt.quantize(torch.randn(40, 64))
+    with torch.no_grad():
+        part.weight.copy_(rows_in_groups(before["weight"], 4))
+        part.weight_scale.copy_(rows_in_groups(before["weight_scale"], 1))
+        version = part.weight._version
+        new = torch.randn(len(range(40)[rows]), 64)
+        fmt.load(part, "weight", new, rows)
+    assert part.weight._version > version
+    want = {name: value.clone() for name, value in before.items()}
+    for name, value in fmt.quantize(new).items():
+        want[name][rows] = value
+    assert all(torch.equal(fmt.stored(part)[name], want[name]) for name in want)
+    assert torch.equal(fmt.dequantize(fmt.stored(part, rows), torch.float32),
+                       fmt.dequantize(fmt.quantize(new), torch.float32))
+    with torch.no_grad():  # as stored: GGUF-ordered blocks and scales, as a GGUF file gives them
+        fmt.load(part, "weight", before["weight"][rows], rows)
+        fmt.load(part, "weight_scale", before["weight_scale"][rows], rows)
+    assert all(torch.equal(fmt.stored(part)[name], before[name]) for name in before)
+
+
 # ----------------------------------------------------------------------------- the kernel
 
 @pytest.fixture(scope="module")
@@ -89,8 +143,13 @@ def kernels():
     return module
 
 
+def as_stored(bits, weight, scale):
+    """A quantizer's rows as the format's parameters hold them, which the kernels read."""
+    return interleave_q4_0(weight, scale) if bits == 4 else (weight, scale)
+
+
 def reference(x, weight, scale, bits, bias=None, silu_mul=False):
-    """The kernel's math in float64: activations per block of 32 to int8 (max|x| / 127, round
+    """The kernel's math in float64 (weight and scale in GGUF's order): activations per block of 32 to int8 (max|x| / 127, round
     to nearest even), integer dots with the stored values, times both scales, summed."""
     blocks = x.float().unflatten(1, (-1, 32))
     amax = blocks.abs().amax(-1, keepdim=True)
@@ -113,11 +172,13 @@ def reference(x, weight, scale, bits, bias=None, silu_mul=False):
 @pytest.mark.parametrize("rows", [0, 1, 2, 3, 8, 9, 17, 20])
 @pytest.mark.parametrize("silu_mul", [False, True])
 def test_kernel_is_the_quantized_activations_math(kernels, kernel, bits, k, rows, silu_mul):
-    """70 weight rows: lane_linear's copies of 16 end in a partial one (35 of a gate/up pair)."""
+    """70 weight rows (64 for a Q4_0 gate/up pair, whose up rows start a group of 16): the
+    groups of 16 end in a partial one (35 rows of a Q8_0 gate/up pair)."""
     torch.manual_seed(k + rows)
-    weight, scale = (quantize_q4_0 if bits == 4 else quantize_q8_0)(torch.randn(70, k))
-    x, bias = torch.randn(rows, k), torch.randn(70)
-    got = getattr(kernels, kernel)(x, weight, scale, bias, bits, silu_mul)
+    n = 64 if bits == 4 and silu_mul else 70
+    weight, scale = (quantize_q4_0 if bits == 4 else quantize_q8_0)(torch.randn(n, k))
+    x, bias = torch.randn(rows, k), torch.randn(n)
+    got = getattr(kernels, kernel)(x, *as_stored(bits, weight, scale), bias, bits, silu_mul)
     want = reference(x, weight, scale, bits, bias, silu_mul)
     assert got.shape == want.shape
     if rows:
@@ -129,14 +190,14 @@ def test_kernel_is_the_quantized_activations_math(kernels, kernel, bits, k, rows
 @pytest.mark.parametrize("sign", [1.0, -1.0])
 def test_kernel_at_the_extremes_of_its_sums(kernels, kernel, rows, sign):
     """Every nibble 15 against every activation at +-127 (the largest partial sums a kernel
-    holds, in int16 where the one-row kernel sums a block's lanes), and every nibble 0 (the
-    largest offset): float32's rounding of the exact sums."""
+    holds), and every nibble 0 (the largest offset): float32's rounding of the exact sums."""
     k = 1056  # 33 blocks: two groups of 16 and a last, partial one
     nibbles = torch.tensor([0xFF, 0x00, 0x0F, 0xF0], dtype=torch.uint8).repeat_interleave(64).repeat(k // 256 + 2)
     weight = torch.stack([nibbles[i:i + k // 2] for i in range(0, 256, 16)])
     scale = torch.ones(16, k // 32, dtype=torch.float16)
     x = torch.full((rows, k), sign)
-    got, want = getattr(kernels, kernel)(x, weight, scale, None, 4, False), reference(x, weight, scale, 4)
+    got = getattr(kernels, kernel)(x, *as_stored(4, weight, scale), None, 4, False)
+    want = reference(x, weight, scale, 4)
     assert (got.double() - want).abs().max() <= 1e-6 * want.abs().max()
 
 
@@ -144,7 +205,7 @@ def test_kernel_at_the_extremes_of_its_sums(kernels, kernel, rows, sign):
 def test_the_two_kernels_agree_in_bfloat16(kernels, bits):
     """The same math summed in another order: bfloat16 outputs within one rounding step."""
     torch.manual_seed(bits)
-    weight, scale = (quantize_q4_0 if bits == 4 else quantize_q8_0)(torch.randn(96, 1024) * 0.05)
+    weight, scale = as_stored(bits, *(quantize_q4_0 if bits == 4 else quantize_q8_0)(torch.randn(96, 1024) * 0.05))
     x = torch.randn(16, 1024).bfloat16()
     a = kernels.block_linear(x, weight, scale, None, bits, True).float()
     b = kernels.lane_linear(x, weight, scale, None, bits, True).float()
@@ -156,6 +217,7 @@ def test_the_two_kernels_agree_in_bfloat16(kernels, bits):
 def test_dequantize_is_the_formats_own(kernels, bits):
     weight, scale = (quantize_q4_0 if bits == 4 else quantize_q8_0)(torch.randn(70, 1024))
     dequantized = (dequantize_q4_0 if bits == 4 else dequantize_q8_0)(weight, scale, torch.float32)
+    weight, scale = as_stored(bits, weight, scale)
     assert torch.equal(kernels.block_dequantize(weight, scale, bits, torch.float32), dequantized)
     assert torch.equal(kernels.block_dequantize(weight, scale, bits, torch.bfloat16), dequantized.bfloat16())
 
@@ -165,6 +227,15 @@ def test_kernel_refuses_a_wrong_scale(kernels, kernel):
     weight, scale = quantize_q4_0(torch.randn(8, 64))
     with pytest.raises(RuntimeError, match="float16 block scales"):
         getattr(kernels, kernel)(torch.randn(1, 64), weight, scale.float(), None, 4, False)
+
+
+@pytest.mark.parametrize("kernel", ["block_linear", "lane_linear"])
+def test_a_q4_0_gate_off_a_group_of_16_is_refused(kernels, kernel):
+    """Its up rows would start inside a group of 16: refused naming why (a model's are never so:
+    int4 needs the intermediate size, the down projection's columns, a multiple of 32)."""
+    weight, scale = interleave_q4_0(*quantize_q4_0(torch.randn(40, 64)))
+    with pytest.raises(RuntimeError, match="whole groups of 16"):
+        getattr(kernels, kernel)(torch.randn(1, 64), weight, scale, None, 4, True)
 
 
 def test_lane_linear_refuses_an_unknown_format(kernels):
@@ -179,9 +250,11 @@ def test_the_kernels_path_is_chosen_and_keeps_greedy_tokens(fmt, tmp_path_factor
     prompts = [random_prompt(n, 900 + n) for n in (5, 17, 40)]
     fast = make_llm(source, quantization=fmt, dtype="bfloat16", enforce_eager=False)
     described = fast.llm_engine.engine_core.model_runner.backend.describe()
-    if compiled_kernels().module.block_linear_available():
-        from fast.block_linear import INT4_DOT_ROWS, Q8_0_DOT_ROWS
-        most = INT4_DOT_ROWS if fmt == "int4" else Q8_0_DOT_ROWS
+    if compiled_kernels().module.block_linear_available() and fmt == "int4":
+        assert "int4 linears: any rows lane_linear (VNNI, 16 weight rows in the lanes, as stored)" in described, described
+    elif compiled_kernels().module.block_linear_available():
+        from fast.block_linear import Q8_0_DOT_ROWS
+        most = Q8_0_DOT_ROWS
         first = f"1-{most} rows" if most > 1 else "1 row"
         assert f"{fmt} linears: {first} block_linear (VNNI, int8 activations), {most + 1}+ rows lane_linear" in described, described
     else:  # said, and the plain path's math runs them

@@ -31,6 +31,7 @@ import torch
 
 import gguf_files as G
 from core.formats import FORMATS
+from core.int4_format import rows_in_groups
 from helpers import GreedyReference, assert_within_rounding, build_checkpoint, build_tokenizer, greedy, make_llm, random_prompt
 from tools.teacher_forced import teacher_forced_logits
 
@@ -136,7 +137,8 @@ def test_our_block_bytes_are_llama_cpps():
 def test_blocks_load_as_the_formats_own_quantizer_stores_them(sources, kind, fmt, tmp_path):
     """Loaded by a view of the file's bytes, each block part holds exactly what its format's
     quantizer makes of the checkpoint's weight: llama.cpp's layout is the format's (the llama
-    rows put back, whole blocks moved with their scales)."""
+    rows put back, whole blocks moved with their scales), as ``stored`` gives it back; int4's
+    parameters hold those bytes with their rows interleaved by 16 (core/int4_format.py)."""
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(sources["llama"], dtype=torch.float32)
@@ -148,8 +150,11 @@ def test_blocks_load_as_the_formats_own_quantizer_stores_them(sources, kind, fmt
               model.embed_tokens: hf.model.embed_tokens.weight, model.lm_head: hf.lm_head.weight}
     for part, weight in checks.items():
         assert part.weight_format is FORMATS[fmt]
-        want = FORMATS[fmt].quantize(weight)
-        assert torch.equal(part.weight, want["weight"]) and torch.equal(part.weight_scale, want["weight_scale"])
+        want, stored = FORMATS[fmt].quantize(weight), FORMATS[fmt].stored(part)
+        assert torch.equal(stored["weight"], want["weight"]) and torch.equal(stored["weight_scale"], want["weight_scale"])
+        if part.weight_format is FORMATS["int4"]:
+            assert torch.equal(part.weight, rows_in_groups(want["weight"], 4))
+            assert torch.equal(part.weight_scale, rows_in_groups(want["weight_scale"], 1))
 
 
 @pytest.fixture(scope="module")
@@ -190,7 +195,7 @@ def test_the_block_kernels_run_the_files_parts(block_files):
 
     described = make_llm(block_files["Q4_0", "qwen3"][0]).llm_engine.engine_core.model_runner.backend.describe()
     if compiled_kernels().module.block_linear_available():
-        assert "int4 linears: 1-2 rows block_linear" in described, described
+        assert "int4 linears: any rows lane_linear (VNNI, 16 weight rows in the lanes, as stored)" in described, described
     else:
         assert "built without AVX-512 VNNI" in described, described
 

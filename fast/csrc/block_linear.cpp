@@ -1,34 +1,36 @@
 // Linears on llama.cpp's block formats (core/int4_format.py: Q4_0; core/q8_0_format.py: Q8_0):
-// blocks of 32 inputs, one float16 scale each, stored as GGUF lays them out.
+// blocks of 32 inputs, one float16 scale each.
 //
 // block_linear: the activations are quantized per block of 32 to int8 (scale max|x| / 127, round
 // to nearest even, as llama.cpp quantizes them for its Q4_0 / Q8_0 dot products), then every
-// weight row is read once and multiplied with AVX-512 VNNI's integer dot product (VPDPBUSD:
-// unsigned bytes times signed bytes, four per 32-bit lane). Each block's integer sum is
-// multiplied by the weight's and the activation's scales and summed in float32; the result is
-// rounded once to the input's dtype. Any number of rows: eight input rows share each weight
-// load, and a task's weight rows stay in cache while every group of eight passes over them.
+// weight is multiplied with AVX-512 VNNI's integer dot product (VPDPBUSD: unsigned bytes times
+// signed bytes, four per 32-bit lane). Each block's integer sum is multiplied by the weight's and
+// the activation's scales and summed in float32; the result is rounded once to the input's dtype.
 //
-//   The weight is VPDPBUSD's unsigned operand as stored: Q4_0's nibbles are value + 8, Q8_0's
-//   bytes get their sign bit flipped (value + 128); the activations are the signed operand.
-//   Each int32 lane starts at minus that offset times the sum of its own activations, so the
-//   integer dot products come out exact, with no correction afterwards.
+//   Q4_0 is stored with its rows interleaved by 16 (core/int4_format.py), so its linears, at any
+//   row count, are lane_linear's (lane_linear.cpp: 16 weight rows in the lanes, read in place);
+//   block_linear hands them over. Q8_0 is stored as GGUF lays it out, row by row: here each
+//   weight row is read once across a vector's lanes, for any number of input rows: eight input
+//   rows share each weight load, and a task's weight rows stay in cache while every group of
+//   eight passes over them. The weight is VPDPBUSD's unsigned operand, its bytes with the sign
+//   bit flipped (value + 128); each int32 lane starts at -128 times the sum of its own
+//   activations, so the integer dot products come out exact, with no correction afterwards.
 //
-// A 64-byte load is a unit (see ``Unit``): four Q4_0 blocks, whose low nibbles (elements 0..15
-// of each block) meet the unit's first 64 activation bytes and high nibbles (16..31) the next
-// 64 -- the activations are stored in that order, so the weight needs no shuffle -- or two Q8_0
-// blocks. A last, partial unit is read with a mask. The weight is prefetched ahead of the dots.
+// A 64-byte load is a unit: two Q8_0 blocks and the 64 activation bytes they meet. A last,
+// partial unit is read with a mask. The weight is prefetched ahead of the dots.
 //
-// Past a row or two, each row's float step per unit is the cost: lane_linear.cpp computes those.
+// Past a row, each row's float step per unit is the cost: lane_linear.cpp computes those.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
 #include "checks.h"
+#include "kernels.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__) && \
     defined(__F16C__)
@@ -49,7 +51,6 @@ enum class Kind { q4_0, q8_0 };
 // How far ahead of the dots the weight is fetched (its scales: as far in blocks), measured. The
 // hardware prefetcher alone leaves the loads waiting on memory between the dots; fetched for
 // L1 only (NTA): a weight is read once; measured faster than a fetch into every level (T0).
-template <Kind K>
 constexpr int64_t PREFETCH_BYTES = 8192;
 
 // What a block format's entry point checks, whatever it computes.
@@ -64,38 +65,16 @@ Kind kind_of(int64_t bits, const char* name) {
 
 #ifdef STEP14_BLOCK_DOT
 
-// A unit: the 64 weight bytes one vector load reads, and the activations they meet.
-//   Q4_0: four blocks (128 weights); the low nibbles (elements 0..15 of each block) meet the
-//   unit's first 64 activation bytes, the high ones (16..31) the next 64.
-//   Q8_0: two blocks (64 weights); 64 activation bytes.
-// Either way int32 lane l of a unit's dot product sums one block's products: block
-// l / (16 / BLOCKS) of the unit.
-template <Kind K>
-struct Unit {
-  static constexpr int BLOCKS = K == Kind::q4_0 ? 4 : 2;
-  static constexpr int ACT = K == Kind::q4_0 ? 128 : 64;   // activation bytes per unit
-  static constexpr int BLOCK_BYTES = K == Kind::q4_0 ? 16 : 32;
-  static constexpr int PER_GROUP = 16 / BLOCKS;           // units per 16 blocks (one load of scales)
-  static constexpr int LANES = 16 / BLOCKS;               // lanes per block
-};
-
-// The quantized input rows, per row in the units' order (the last unit padded with zeros):
-// the int8 values, each lane's starting sum, and each lane's activation scale.
+// The quantized input rows, per row in units of 64 (the last padded with zeros): the int8
+// values, each lane's starting sum (-128 * the sum of its four activations) and each lane's
+// activation scale (its block's). Int32 lane l of a unit's dot product sums four products of
+// block l / 8 of the unit.
 struct Quantized {
   int64_t blocks, units, act;  // act: activation bytes per row
-  std::vector<int8_t> q;       // [M, units * ACT]
-  std::vector<int32_t> start;  // [M, units * 16]: -offset * (the lane's activation sum)
-  std::vector<float> lanes;    // [M, units * 16]: the lane's block's activation scale
-  // Per block, for Q4_0's one-row path (``one_row_groups``), 16 blocks to a group in its lane order:
-  std::vector<int32_t> block_start;  // [M, groups * 16]: -offset * (the block's activation sum)
-  std::vector<float> block_scale;    // [M, groups * 16]: the block's activation scale
-  int64_t groups = 0;
+  std::vector<int8_t> q;       // [M, units * 64]
+  std::vector<int32_t> start;  // [M, units * 16]
+  std::vector<float> lanes;    // [M, units * 16]
 };
-
-// Q4_0's one-row path sums each unit's lanes down to one per block before its float step, 16
-// blocks (four units, a block per 128-bit lane) at a time: lane l of the sums holds block
-// block_at(l) of the 16 -- lane 4p + q, unit q's 128-bit lane p.
-constexpr int block_at(int l) { return 4 * (l % 4) + l / 4; }
 
 // 16 inputs as float32 (bfloat16 widened exactly).
 inline __m512 load16(const float* x) { return _mm512_loadu_ps(x); }
@@ -103,24 +82,15 @@ inline __m512 load16(const at::BFloat16* x) { return load_bf16(reinterpret_cast<
 
 // Blocks of 32 to int8: scale max|x| / 127, round to nearest even (the default MXCSR mode,
 // as torch.round does in the reference), as llama.cpp quantizes activations.
-//
-// The weight is the unsigned operand of VPDPBUSD (unsigned bytes times signed bytes): Q4_0's
-// nibbles as they are (value + 8), Q8_0's bytes + 128 (a sign-bit flip at load). So each lane
-// starts at -8 (or -128) times the sum of its activations, and the dot products come out exact.
-template <Kind K, typename T>
+template <typename T>
 Quantized quantize_rows(const T* x, int64_t m, int64_t k) {
-  using U = Unit<K>;
   Quantized out;
   out.blocks = k / BLOCK;
-  out.units = (out.blocks + U::BLOCKS - 1) / U::BLOCKS;
-  out.act = out.units * U::ACT;
+  out.units = (out.blocks + 1) / 2;
+  out.act = out.units * 64;
   out.q.assign(m * out.act, 0);
   out.start.assign(m * out.units * 16, 0);
   out.lanes.assign(m * out.units * 16, 0.f);
-  out.groups = K == Kind::q4_0 ? (out.blocks + 15) / 16 : 0;
-  out.block_start.assign(m * out.groups * 16, 0);
-  out.block_scale.assign(m * out.groups * 16, 0.f);
-  const int32_t offset = K == Kind::q4_0 ? 8 : 128;
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t b = 0; b < out.blocks; ++b) {
       const T* xb = x + i * k + b * BLOCK;
@@ -129,157 +99,77 @@ Quantized quantize_rows(const T* x, int64_t m, int64_t k) {
       const float id = amax > 0.f ? 127.f / amax : 0.f;
       const __m512i qlo = _mm512_cvtps_epi32(_mm512_mul_ps(lo, _mm512_set1_ps(id)));
       const __m512i qhi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, _mm512_set1_ps(id)));
-      const int64_t u = b / U::BLOCKS, j = b % U::BLOCKS, lane0 = (i * out.units + u) * 16 + j * U::LANES;
-      int8_t* q = out.q.data() + i * out.act + u * U::ACT;
-      // Q4_0: elements 0..15 beside the block's low nibbles, 16..31 beside its high ones.
-      int8_t* q_lo = q + j * (K == Kind::q4_0 ? 16 : 32);
-      int8_t* q_hi = K == Kind::q4_0 ? q + 64 + j * 16 : q_lo + 16;
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(q_lo), _mm512_cvtsepi32_epi8(qlo));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(q_hi), _mm512_cvtsepi32_epi8(qhi));
-      // Lane sums: four consecutive elements each; a Q4_0 lane also holds the four 16 further.
+      int8_t* q = out.q.data() + i * out.act + b * BLOCK;
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtsepi32_epi8(qlo));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtsepi32_epi8(qhi));
+      // Lane sums: four consecutive elements each, eight lanes per block.
       alignas(64) int32_t s_lo[16], s_hi[16];
       _mm512_store_si512(s_lo, qlo);
       _mm512_store_si512(s_hi, qhi);
-      for (int t = 0; t < U::LANES; ++t) {
-        int32_t sum = 0;
-        for (int e = 0; e < 4; ++e)
-          sum += K == Kind::q4_0 ? s_lo[4 * t + e] + s_hi[4 * t + e]
-                                 : (t < 4 ? s_lo[4 * t + e] : s_hi[4 * (t - 4) + e]);
-        out.start[lane0 + t] = -offset * sum;
+      const int64_t lane0 = i * out.units * 16 + b * 8;
+      for (int t = 0; t < 8; ++t) {
+        const int32_t* e = t < 4 ? s_lo + 4 * t : s_hi + 4 * (t - 4);
+        out.start[lane0 + t] = -128 * (e[0] + e[1] + e[2] + e[3]);
         out.lanes[lane0 + t] = amax / 127.f;
-      }
-      if constexpr (K == Kind::q4_0) {
-        const int64_t at = (i * out.groups + b / 16) * 16 + block_at(b % 16);  // block_at is its own inverse
-        out.block_start[at] = -offset * _mm512_reduce_add_epi32(_mm512_add_epi32(qlo, qhi));
-        out.block_scale[at] = amax / 127.f;
       }
     }
   }
   return out;
 }
 
-// Unit u of one weight row (its 64 bytes at w; Full: all of them hold blocks) against M
-// quantized rows from ``first``; sw: each lane's weight scale.
-template <Kind K, int M, bool Full>
+// Unit u of one weight row (its 64 bytes at w; Full: both blocks there) against M quantized
+// rows from ``first``; sw: each lane's weight scale.
+template <int M, bool Full>
 inline void unit_dots(const uint8_t* w, __mmask64 mask, __m512 sw, const Quantized& a, int64_t first, int64_t u,
                       __m512* acc) {
-  using U = Unit<K>;
-  if constexpr (Full) _mm_prefetch(reinterpret_cast<const char*>(w) + PREFETCH_BYTES<K>, _MM_HINT_NTA);
+  if constexpr (Full) _mm_prefetch(reinterpret_cast<const char*>(w) + PREFETCH_BYTES, _MM_HINT_NTA);
   const __m512i v = Full ? _mm512_loadu_si512(w) : _mm512_maskz_loadu_epi8(mask, w);
-  __m512i w0, w1;
-  if constexpr (K == Kind::q4_0) {
-    const __m512i nib = _mm512_set1_epi8(0x0F);
-    w0 = _mm512_and_si512(v, nib);
-    w1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
-  } else {
-    w0 = _mm512_xor_si512(v, _mm512_set1_epi8(static_cast<char>(0x80)));  // + 128: unsigned
-    w1 = w0;
-  }
+  const __m512i wu = _mm512_xor_si512(v, _mm512_set1_epi8(static_cast<char>(0x80)));  // + 128: unsigned
   for (int m = 0; m < M; ++m) {
     const int64_t row = first + m, lane = (row * a.units + u) * 16;
-    const int8_t* q = a.q.data() + row * a.act + u * U::ACT;
     __m512i s = _mm512_loadu_si512(a.start.data() + lane);
-    s = _mm512_dpbusd_epi32(s, w0, _mm512_loadu_si512(q));
-    if constexpr (K == Kind::q4_0) s = _mm512_dpbusd_epi32(s, w1, _mm512_loadu_si512(q + 64));
+    s = _mm512_dpbusd_epi32(s, wu, _mm512_loadu_si512(a.q.data() + row * a.act + u * 64));
     acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(sw, _mm512_loadu_ps(a.lanes.data() + lane)), acc[m]);
   }
 }
 
-// The high nibble of each byte: one GFNI affine transform (bit i <- bit i + 4) where the CPU has
-// it, else a shift and a mask.
-inline __m512i high_nibbles(__m512i v, __m512i nib) {
-#ifdef __GFNI__
-  return _mm512_gf2p8affine_epi64_epi8(v, _mm512_set1_epi64(0x1020408000000000LL), 0);
-#else
-  return _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
-#endif
-}
-
-// Four units' dot products summed per block, plus each block's start: lane 4p + q of the result
-// = the sum of unit q's 128-bit lane p (one block). A lane of a unit holds eight products of a
-// nibble (0..15) and an int8 (-127..127), so it and the sum of two fit in int16: two saturating
-// packs (which never saturate here) and pairwise adds do the transpose.
-inline __m512i block_sums(const __m512i* v, __m512i start) {
-  const __m512i ones = _mm512_set1_epi16(1);
-  const __m512i ab = _mm512_madd_epi16(_mm512_packs_epi32(v[0], v[1]), ones);  // a01 a23 b01 b23
-  const __m512i cd = _mm512_madd_epi16(_mm512_packs_epi32(v[2], v[3]), ones);
-  return _mm512_dpwssd_epi32(start, _mm512_packs_epi32(ab, cd), ones);
-}
-
-// One input row against the whole groups of 16 Q4_0 blocks of one weight row, into acc: each
-// unit's dot products summed per block first, then one float step per 16 blocks (where the
-// lane-per-unit path spends one per unit -- at one row, the kernel's cost). Returns the first
-// block it left (a partial group). Measured slower for Q8_0 (twice the units to reduce).
-int64_t one_row_groups(const uint8_t* w, const at::Half* ws, const Quantized& a, int64_t row, __m512& acc) {
-  constexpr Kind K = Kind::q4_0;
-  alignas(64) int32_t order[16];
-  for (int l = 0; l < 16; ++l) order[l] = block_at(l);
-  const __m512i perm = _mm512_load_si512(order), nib = _mm512_set1_epi8(0x0F);
-  const int8_t* q = a.q.data() + row * a.act;
-  const int32_t* start = a.block_start.data() + row * a.groups * 16;
-  const float* scale = a.block_scale.data() + row * a.groups * 16;
-  int64_t g = 0;
-  for (; g + 16 <= a.blocks; g += 16) {
-    _mm_prefetch(reinterpret_cast<const char*>(ws + g) + PREFETCH_BYTES<K> / 16, _MM_HINT_NTA);
-    const __m512 dw = _mm512_permutexvar_ps(
-        perm, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ws + g))));
-    __m512i v[4];
-#pragma GCC unroll 4
-    for (int u = 0; u < 4; ++u) {
-      const uint8_t* wu = w + (g / 4 + u) * 64;
-      const int8_t* qu = q + (g / 4 + u) * Unit<K>::ACT;
-      _mm_prefetch(reinterpret_cast<const char*>(wu) + PREFETCH_BYTES<K>, _MM_HINT_NTA);
-      const __m512i x = _mm512_loadu_si512(wu);
-      v[u] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(x, nib), _mm512_loadu_si512(qu));
-      v[u] = _mm512_dpbusd_epi32(v[u], high_nibbles(x, nib), _mm512_loadu_si512(qu + 64));
-    }
-    const __m512i sums = block_sums(v, _mm512_loadu_si512(start + g));
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_mul_ps(dw, _mm512_loadu_ps(scale + g)), acc);
-  }
-  return g;
-}
-
 // Each lane's block within a group of 16 blocks, for the group's unit u.
-template <Kind K>
 inline __m512i unit_lanes(int u) {
-  using U = Unit<K>;
   alignas(64) int32_t index[16];
-  for (int l = 0; l < 16; ++l) index[l] = u * U::BLOCKS + l / U::LANES;
+  for (int l = 0; l < 16; ++l) index[l] = u * 2 + l / 8;
   return _mm512_load_si512(index);
 }
 
 // One weight row against M quantized input rows (first: the first of them): M dot products.
 // Blocks are walked 16 at a time (one load of their scales); one or two rows alternate two
 // accumulators, so that a row's sums do not wait on each other.
-template <Kind K, int M>
+template <int M>
 void row_dots(const uint8_t* w, const at::Half* ws, const Quantized& a, int64_t first, float* dots) {
-  using U = Unit<K>;
   constexpr int A = M <= 2 ? 2 : 1;
   const int64_t nb = a.blocks;
   __m512 acc[A][M];
   for (int j = 0; j < A; ++j)
     for (int m = 0; m < M; ++m) acc[j][m] = _mm512_setzero_ps();
-  __m512i index[U::PER_GROUP];
-  for (int u = 0; u < U::PER_GROUP; ++u) index[u] = unit_lanes<K>(u);
+  __m512i index[8];
+  for (int u = 0; u < 8; ++u) index[u] = unit_lanes(u);
   int64_t g = 0;
-  if constexpr (M == 1 && K == Kind::q4_0) g = one_row_groups(w, ws, a, first, acc[0][0]);
   for (; g + 16 <= nb; g += 16) {
-    _mm_prefetch(reinterpret_cast<const char*>(ws + g) + PREFETCH_BYTES<K> / 16, _MM_HINT_NTA);
+    _mm_prefetch(reinterpret_cast<const char*>(ws + g) + PREFETCH_BYTES / 16, _MM_HINT_NTA);
     const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ws + g)));
-    const int64_t u0 = g / U::BLOCKS;
+    const int64_t u0 = g / 2;
 #pragma GCC unroll 8
-    for (int u = 0; u < U::PER_GROUP; ++u)
-      unit_dots<K, M, true>(w + (u0 + u) * 64, ~0ULL, _mm512_permutexvar_ps(index[u], dw), a, first, u0 + u,
-                            acc[u % A]);
+    for (int u = 0; u < 8; ++u)
+      unit_dots<M, true>(w + (u0 + u) * 64, ~0ULL, _mm512_permutexvar_ps(index[u], dw), a, first, u0 + u,
+                         acc[u % A]);
   }
   if (g < nb) {  // the last, partial group: its blocks' bytes only
-    const int64_t count = nb - g, u0 = g / U::BLOCKS;
+    const int64_t count = nb - g, u0 = g / 2;
     const __m512 dw = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(static_cast<__mmask16>((1u << count) - 1), ws + g));
-    for (int u = 0; u * U::BLOCKS < count; ++u) {
-      const int64_t bytes = std::min<int64_t>(U::BLOCKS, count - u * U::BLOCKS) * U::BLOCK_BYTES;
+    for (int u = 0; u * 2 < count; ++u) {
+      const int64_t bytes = std::min<int64_t>(2, count - u * 2) * BLOCK;
       const __mmask64 mask = bytes == 64 ? ~0ULL : (1ULL << bytes) - 1;
-      unit_dots<K, M, false>(w + (u0 + u) * 64, mask, _mm512_permutexvar_ps(index[u], dw), a, first, u0 + u,
-                             acc[u % A]);
+      unit_dots<M, false>(w + (u0 + u) * 64, mask, _mm512_permutexvar_ps(index[u], dw), a, first, u0 + u,
+                          acc[u % A]);
     }
   }
   for (int m = 0; m < M; ++m) {
@@ -290,32 +180,31 @@ void row_dots(const uint8_t* w, const at::Half* ws, const Quantized& a, int64_t 
 }
 
 // dots [m, rows] for weight rows [begin, begin + rows) and input rows [first, first + m).
-template <Kind K>
-void rows_dots(const uint8_t* w, const at::Half* ws, int64_t begin, int64_t rows, const Quantized& a,
-               int64_t first, int64_t m, float* dots) {
-  const int64_t nb = a.blocks, row_bytes = nb * Unit<K>::BLOCK_BYTES;
+void rows_dots(const uint8_t* w, const at::Half* ws, int64_t begin, int64_t rows, const Quantized& a, int64_t first,
+               int64_t m, float* dots) {
+  const int64_t nb = a.blocks, row_bytes = nb * BLOCK;
   float row_out[GROUP];
   for (int64_t r = 0; r < rows; ++r) {
     const uint8_t* row = w + (begin + r) * row_bytes;
     const at::Half* scales = ws + (begin + r) * nb;
     switch (m) {
-      case 1: row_dots<K, 1>(row, scales, a, first, row_out); break;
-      case 2: row_dots<K, 2>(row, scales, a, first, row_out); break;
-      case 3: row_dots<K, 3>(row, scales, a, first, row_out); break;
-      case 4: row_dots<K, 4>(row, scales, a, first, row_out); break;
-      case 5: row_dots<K, 5>(row, scales, a, first, row_out); break;
-      case 6: row_dots<K, 6>(row, scales, a, first, row_out); break;
-      case 7: row_dots<K, 7>(row, scales, a, first, row_out); break;
-      case 8: row_dots<K, 8>(row, scales, a, first, row_out); break;
+      case 1: row_dots<1>(row, scales, a, first, row_out); break;
+      case 2: row_dots<2>(row, scales, a, first, row_out); break;
+      case 3: row_dots<3>(row, scales, a, first, row_out); break;
+      case 4: row_dots<4>(row, scales, a, first, row_out); break;
+      case 5: row_dots<5>(row, scales, a, first, row_out); break;
+      case 6: row_dots<6>(row, scales, a, first, row_out); break;
+      case 7: row_dots<7>(row, scales, a, first, row_out); break;
+      case 8: row_dots<8>(row, scales, a, first, row_out); break;
       default: TORCH_CHECK(false, "block_linear: a group of ", m, " rows");  // groups hold 1..GROUP
     }
     for (int64_t i = 0; i < m; ++i) dots[i * rows + r] = row_out[i];
   }
 }
 
-template <Kind K, typename T>
-void block_linear_into(const Quantized& a, int64_t m, const at::Tensor& weight, const at::Tensor& scale,
-                       const float* bias, bool silu_mul, T* out, int64_t width) {
+template <typename T>
+void q8_0_linear_into(const Quantized& a, int64_t m, const at::Tensor& weight, const at::Tensor& scale,
+                      const float* bias, bool silu_mul, T* out, int64_t width) {
   const uint8_t* w = static_cast<const uint8_t*>(weight.data_ptr());
   const at::Half* ws = scale.data_ptr<at::Half>();
   const Finish finish{nullptr, bias, width, silu_mul};
@@ -325,8 +214,8 @@ void block_linear_into(const Quantized& a, int64_t m, const at::Tensor& weight, 
     std::vector<float> gate(rows * most), up(silu_mul ? rows * most : 0);
     for (int64_t first = 0; first < m; first += GROUP) {
       const int64_t group = std::min(GROUP, m - first);
-      rows_dots<K>(w, ws, begin, rows, a, first, group, gate.data());
-      if (silu_mul) rows_dots<K>(w, ws, width + begin, rows, a, first, group, up.data());
+      rows_dots(w, ws, begin, rows, a, first, group, gate.data());
+      if (silu_mul) rows_dots(w, ws, width + begin, rows, a, first, group, up.data());
       finish.rows(gate.data(), up.data(), group, begin, rows, out + first * width);
     }
   });
@@ -380,21 +269,37 @@ void dequantize_row(const uint8_t* row, const at::Half* ws, int64_t k, Kind kind
   }
 }
 
-// Weight rows [first, first + rows) dequantized into rows [out_row, ...) of ``out``
-// ([*, K], float32 or bfloat16).
-void dequantize_rows(const at::Tensor& weight, const at::Tensor& scale, Kind kind, int64_t first, int64_t rows,
-                     at::Tensor& out, int64_t out_row) {
-  const int64_t k = scale.size(1) * BLOCK, row_bytes = weight.size(1), nb = scale.size(1);
+// Rows interleaved by 16 (core/int4_format.py: Q4_0's bytes in words of 4, its scales alone):
+// row r's words in order, from its group's block-major layout, into ``row`` / ``scales``.
+void row_from_group(const uint8_t* w, const at::Half* ws, int64_t n, int64_t nb, int64_t r, uint8_t* row,
+                    at::Half* scales) {
+  const int64_t group = r / 16, rows = std::min<int64_t>(16, n - group * 16), i = r % 16;
+  const uint8_t* gw = w + group * 16 * nb * 16;  // 16 bytes a block
+  const at::Half* gs = ws + group * 16 * nb;
+  for (int64_t word = 0; word < nb * 4; ++word) std::memcpy(row + word * 4, gw + (word * rows + i) * 4, 4);
+  for (int64_t b = 0; b < nb; ++b) scales[b] = gs[b * rows + i];
+}
+
+// All weight rows dequantized into ``out`` ([N, K], float32 or bfloat16).
+void dequantize_rows(const at::Tensor& weight, const at::Tensor& scale, Kind kind, at::Tensor& out) {
+  const int64_t n = weight.size(0), nb = scale.size(1), k = nb * BLOCK, row_bytes = weight.size(1);
   const uint8_t* w = static_cast<const uint8_t*>(weight.data_ptr());
   const at::Half* ws = scale.data_ptr<at::Half>();
   const bool to_float = out.scalar_type() == at::kFloat;
-  at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, n, 8, [&](int64_t begin, int64_t end) {
+    std::vector<uint8_t> row(kind == Kind::q4_0 ? row_bytes : 0);
+    std::vector<at::Half> scales(kind == Kind::q4_0 ? nb : 0);
     for (int64_t r = begin; r < end; ++r) {
-      const uint8_t* src = w + (first + r) * row_bytes;
+      const uint8_t* src = w + r * row_bytes;
+      const at::Half* s = ws + r * nb;
+      if (kind == Kind::q4_0) {
+        row_from_group(w, ws, n, nb, r, row.data(), scales.data());
+        src = row.data(), s = scales.data();
+      }
       if (to_float)
-        dequantize_row(src, ws + (first + r) * nb, k, kind, out.data_ptr<float>() + (out_row + r) * k);
+        dequantize_row(src, s, k, kind, out.data_ptr<float>() + r * k);
       else
-        dequantize_row(src, ws + (first + r) * nb, k, kind, out.data_ptr<at::BFloat16>() + (out_row + r) * k);
+        dequantize_row(src, s, k, kind, out.data_ptr<at::BFloat16>() + r * k);
     }
   });
 }
@@ -410,13 +315,16 @@ bool block_linear_available() {
 }
 
 // x [M, K] bfloat16 or float32 (any M), weight in the block format ``bits`` names (4: Q4_0
-// uint8 [N, K / 2]; 8: Q8_0 int8 [N, K]), scale float16 [N, K / 32], bias [N] or undefined.
+// uint8 [N, K / 2], rows interleaved by 16 as core/int4_format.py stores them: lane_linear's;
+// 8: Q8_0 int8 [N, K]), scale float16 [N, K / 32] (Q4_0's interleaved alike), bias [N] or
+// undefined.
 // silu_mul: the weight is a gate and an up projection stacked ([2I, ...]); returns
 // silu(x gate^T) * (x up^T) [M, I], else x weight^T + bias [M, N], in x's dtype.
 at::Tensor block_linear(const at::Tensor& x_in, const at::Tensor& weight, const at::Tensor& scale,
                         const c10::optional<at::Tensor>& bias, int64_t bits, bool silu_mul) {
   TORCH_CHECK(block_linear_available(), "block_linear: built without AVX-512 VNNI");
   const Kind kind = kind_of(bits, "block_linear");
+  if (kind == Kind::q4_0) return lane_linear(x_in, weight, scale, bias, bits, silu_mul);
   check_block_input(x_in, "block_linear");
   check_weight(weight, scale, kind, x_in.size(1), "block_linear");
   check_bias(bias, weight.size(0), "block_linear");
@@ -428,12 +336,7 @@ at::Tensor block_linear(const at::Tensor& x_in, const at::Tensor& weight, const 
 #ifdef STEP14_BLOCK_DOT
   const FloatBias bias_f(bias);
   const float* b = bias_f.data();
-  auto run = [&](auto* xp, auto* op) {
-    if (kind == Kind::q4_0)
-      block_linear_into<Kind::q4_0>(quantize_rows<Kind::q4_0>(xp, m, k), m, weight, scale, b, silu_mul, op, width);
-    else
-      block_linear_into<Kind::q8_0>(quantize_rows<Kind::q8_0>(xp, m, k), m, weight, scale, b, silu_mul, op, width);
-  };
+  auto run = [&](auto* xp, auto* op) { q8_0_linear_into(quantize_rows(xp, m, k), m, weight, scale, b, silu_mul, op, width); };
   if (x.scalar_type() == at::kBFloat16)
     run(x.data_ptr<at::BFloat16>(), out.data_ptr<at::BFloat16>());
   else
@@ -442,8 +345,9 @@ at::Tensor block_linear(const at::Tensor& x_in, const at::Tensor& weight, const 
   return out;
 }
 
-// The block weight as a [N, K] tensor of ``dtype`` (bfloat16 or float32), each value rounded
-// once as the format's plain path rounds it: the reference for tests, not a compute path.
+// The block weight (as block_linear takes it) as a [N, K] tensor of ``dtype`` (bfloat16 or
+// float32), rows in order, each value rounded once as the format's plain path rounds it: the
+// reference for tests, not a compute path.
 at::Tensor block_dequantize(const at::Tensor& weight, const at::Tensor& scale, int64_t bits, at::ScalarType dtype) {
   const Kind kind = kind_of(bits, "block_dequantize");
   TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kFloat, "block_dequantize: to bfloat16 or float32");
@@ -451,6 +355,6 @@ at::Tensor block_dequantize(const at::Tensor& weight, const at::Tensor& scale, i
   const int64_t k = scale.size(1) * BLOCK;
   check_weight(weight, scale, kind, k, "block_dequantize");
   at::Tensor out = at::empty({weight.size(0), k}, weight.options().dtype(dtype));
-  dequantize_rows(weight, scale, kind, 0, weight.size(0), out, 0);
+  dequantize_rows(weight, scale, kind, out);
   return out;
 }

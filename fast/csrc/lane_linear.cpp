@@ -4,12 +4,17 @@
 //
 // block_linear (block_linear.cpp) reads a weight row's blocks across a vector's lanes, so every
 // input row pays a float step per 64 weight bytes to scale its lanes' sums; at a decode step of
-// many sequences that float work, not the weight's bytes, is the cost. Here each task copies 16
-// weight rows into a small buffer that stays in L1, transposed so that int32 lane r holds row
-// r's four bytes at each position (one 16 x 16 transpose of 32-bit words per 64 bytes of each
-// row): then one VPDPBUSD multiplies four weights of all 16 rows by four activations broadcast
-// from memory, and a block of 32 costs each input row one float step for 16 weight rows. The
-// copy is made once per call and used by every input row, so it pays from a few rows up.
+// many sequences that float work, not the weight's bytes, is the cost. Here int32 lane r of a
+// vector holds weight row r's four bytes at one position, for 16 rows: one VPDPBUSD multiplies
+// four weights of all 16 rows by four activations broadcast from memory, and a block of 32 costs
+// each input row one float step for 16 weight rows, with no sum across lanes at the end.
+//
+//   Q4_0 is stored so (core/int4_format.py interleaves its rows by 16 at load, as llama.cpp
+//   repacks Q4_0 for its CPU kernels): a group of 16 rows is read in place where one pass
+//   covers every input row (up to 16: a decode step), else copied as it is into L1 first. Q8_0 and int8 are stored row by row: each task copies 16 weight
+//   rows into a small buffer that stays in L1, transposed (one 16 x 16 transpose of 32-bit
+//   words per 64 bytes of each row); the copy is made once per call and used by every input
+//   row, so it pays from a few rows up.
 //
 //   The activations are quantized per block of 32 to int8 as block_linear quantizes them
 //   (scale max|x| / 127, round to nearest even); the weight is VPDPBUSD's unsigned operand (a
@@ -23,6 +28,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "checks.h"
@@ -113,9 +119,10 @@ inline void transpose16(__m512i r[16]) {
   }
 }
 
-// The copy of up to 16 weight rows (rows past ``count`` zero), lane r = row r: for each block
-// of 32 weights, its 64-byte vectors (Q4_0: 4, each word four bytes of the block's 16; Q8_0 and
-// int8: 8), and for Q4_0 / Q8_0 the block's 16 weight scales in float32.
+// A task's copy of up to 16 weight rows in the lanes (rows past ``count`` zero), lane r = row r:
+// for each block of 32 weights, its 64-byte vectors (Q8_0 and int8: eight, transposed from their
+// rows by ``copy_rows``; a Q4_0 group: its four as stored, ``copy_stored``), and for Q4_0 / Q8_0
+// the block's 16 weight scales in float32.
 struct Copy {
   std::vector<__m512i> w;   // [blocks * vectors per block]
   std::vector<float> scale; // [blocks, 16]
@@ -127,7 +134,8 @@ template <Format F>
 void copy_rows(const uint8_t* w, const at::Half* ws, int64_t row_bytes, int64_t nb, int64_t first, int64_t count,
                int64_t next, int64_t next_count, Copy& c) {
   const int64_t units = (row_bytes + 63) / 64;
-  c.w.resize(std::max<int64_t>(units * 16, nb * (F == Format::q4_0 ? 4 : 8)));
+  static_assert(F != Format::q4_0, "Q4_0 is read as stored");
+  c.w.resize(std::max<int64_t>(units * 16, nb * 8));
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
   for (int64_t u = 0; u < units; ++u) {
     const int64_t bytes = std::min<int64_t>(64, row_bytes - u * 64);
@@ -147,7 +155,7 @@ void copy_rows(const uint8_t* w, const at::Half* ws, int64_t row_bytes, int64_t 
     }
     transpose16(r);
     for (int j = 0; j < 16; ++j)
-      c.w[u * 16 + j] = F == Format::q4_0 ? r[j] : _mm512_xor_si512(r[j], flip);
+      c.w[u * 16 + j] = _mm512_xor_si512(r[j], flip);
   }
   if constexpr (F != Format::int8) {
     c.scale.resize(((nb + 15) / 16) * 256);
@@ -165,10 +173,71 @@ void copy_rows(const uint8_t* w, const at::Half* ws, int64_t row_bytes, int64_t 
   }
 }
 
-// The copy against M input rows from ``first``: sums[m] = 16 weight rows' dots with row m.
-template <Format F, int M>
-void copy_dots(const Copy& c, const Acts& a, int64_t first, __m512* sums) {
-  constexpr int V = F == Format::q4_0 ? 4 : 8;  // vectors per block in the copy
+// The high nibble of each byte: one GFNI affine transform (bit i <- bit i + 4) where the CPU has
+// it, else a shift and a mask.
+inline __m512i high_nibbles(__m512i v, __m512i nib) {
+#ifdef __GFNI__
+  return _mm512_gf2p8affine_epi64_epi8(v, _mm512_set1_epi64(0x1020408000000000LL), 0);
+#else
+  return _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+#endif
+}
+
+// Where a pass reads its 16 weight rows: ``word(b, j)``, vector j of block b (lane r: row r's
+// bytes), ``scales(b)``, the block's 16 weight scales in float32.
+template <Format F>
+struct FromCopy {  // a task's copy
+  const Copy& c;
+  static constexpr int V = F == Format::q4_0 ? 4 : 8;  // vectors per block
+  __m512i word(int64_t b, int j) const { return _mm512_load_si512(c.w.data() + b * V + j); }
+  __m512 scales(int64_t b) const { return _mm512_loadu_ps(c.scale.data() + b * 16); }
+};
+
+// How far ahead of the dots a Q4_0 group read in place is fetched (its scales: an eighth as far),
+// measured; fetched for L1 only (NTA): a weight is read once.
+constexpr int64_t Q4_PREFETCH_BYTES = 8192;
+
+// A Q4_0 group as stored: ``rows`` rows (16, or fewer in the last group), block b's four words
+// at w + b * 16 * rows (word j: 4 * rows bytes), its scales at s + b * rows. Full: 16 rows.
+template <bool Full>
+struct FromStored {
+  const uint8_t* w;
+  const at::Half* s;
+  int64_t rows;
+  __m512i word(int64_t b, int j) const {
+    const uint8_t* at = w + (b * 4 + j) * rows * 4;
+    if constexpr (Full) {
+      _mm_prefetch(reinterpret_cast<const char*>(at) + Q4_PREFETCH_BYTES, _MM_HINT_NTA);
+      return _mm512_loadu_si512(at);
+    } else {
+      return _mm512_maskz_loadu_epi8(rows == 16 ? ~0ULL : (1ULL << (4 * rows)) - 1, at);
+    }
+  }
+  __m512 scales(int64_t b) const {
+    if constexpr (Full) {
+      _mm_prefetch(reinterpret_cast<const char*>(s + b * 16) + Q4_PREFETCH_BYTES / 8, _MM_HINT_NTA);
+      return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + b * 16)));
+    } else {
+      return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(tail_mask(rows), s + b * rows));
+    }
+  }
+};
+
+// A Q4_0 group as stored, copied as it is (16 lanes, rows past its own zero) for the passes of
+// many input rows: one pass reads the group from memory, the others from L1.
+template <bool Full>
+void copy_stored(const FromStored<Full>& src, int64_t nb, Copy& c) {
+  c.w.resize(nb * 4);
+  c.scale.resize(nb * 16);
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int j = 0; j < 4; ++j) c.w[b * 4 + j] = src.word(b, j);
+    _mm512_storeu_ps(c.scale.data() + b * 16, src.scales(b));
+  }
+}
+
+// 16 weight rows (``src``) against M input rows from ``first``: sums[m] = their dots with row m.
+template <Format F, int M, typename Source>
+void copy_dots(const Source& src, const Acts& a, int64_t first, __m512* sums) {
   const int64_t nb = a.blocks;
   __m512 acc[M];
   for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
@@ -178,18 +247,17 @@ void copy_dots(const Copy& c, const Acts& a, int64_t first, __m512* sums) {
     // w[j] meets the block's activation word j (Q4_0: j < 4 low nibbles, elements 4j..4j+3;
     // j >= 4 high nibbles, elements 16 + 4(j - 4)...; Q8_0 / int8: elements 4j..4j+3).
     __m512i w[8];
-    const __m512i* v = c.w.data() + b * V;
     if constexpr (F == Format::q4_0) {
       for (int j = 0; j < 4; ++j) {
-        const __m512i x = _mm512_load_si512(v + j);
+        const __m512i x = src.word(b, j);
         w[j] = _mm512_and_si512(x, nib);
-        w[j + 4] = _mm512_and_si512(_mm512_srli_epi16(x, 4), nib);
+        w[j + 4] = high_nibbles(x, nib);
       }
     } else {
-      for (int j = 0; j < 8; ++j) w[j] = _mm512_load_si512(v + j);
+      for (int j = 0; j < 8; ++j) w[j] = src.word(b, j);
     }
     __m512 ws;
-    if constexpr (F != Format::int8) ws = _mm512_loadu_ps(c.scale.data() + b * 16);
+    if constexpr (F != Format::int8) ws = src.scales(b);
     for (int m = 0; m < M; ++m) {
       const int64_t at = (first + m) * nb + b;
       const int32_t* q = reinterpret_cast<const int32_t*>(a.q.data() + at * BLOCK);
@@ -206,18 +274,39 @@ void copy_dots(const Copy& c, const Acts& a, int64_t first, __m512* sums) {
   for (int m = 0; m < M; ++m) sums[m] = acc[m];
 }
 
-template <Format F>
-void copy_dots_any(const Copy& c, const Acts& a, int64_t first, int64_t m, __m512* sums) {
+template <Format F, typename Source>
+void copy_dots_any(const Source& src, const Acts& a, int64_t first, int64_t m, __m512* sums) {
   switch (m) {
 #define STEP14_CASE(n) \
   case n:              \
-    return copy_dots<F, n>(c, a, first, sums);
+    return copy_dots<F, n>(src, a, first, sums);
     STEP14_CASE(1) STEP14_CASE(2) STEP14_CASE(3) STEP14_CASE(4) STEP14_CASE(5) STEP14_CASE(6) STEP14_CASE(7)
     STEP14_CASE(8) STEP14_CASE(9) STEP14_CASE(10) STEP14_CASE(11) STEP14_CASE(12) STEP14_CASE(13)
     STEP14_CASE(14) STEP14_CASE(15) STEP14_CASE(16)
 #undef STEP14_CASE
   }
   TORCH_CHECK(false, "lane_linear: a pass of ", m, " rows");  // passes hold 1..MAX_M
+}
+
+// The outputs of weight rows [row0, row0 + count) (a group; silu_mul: the up rows ``up`` beside
+// the gate rows ``gate``) for every input row, a pass of up to MAX_M input rows at a time.
+template <Format F, typename Source, typename T>
+void group_out(const Source& gate, const Source* up, const Acts& a, int64_t m, int64_t row0, int64_t count,
+               int64_t width, const float* rs, const float* bias, T* out, __m512* g, __m512* u) {
+  const __mmask16 mask = tail_mask(count);
+  auto finish = [&](__m512 v, int64_t r0) {  // row scales and bias of rows r0...
+    if constexpr (F == Format::int8) v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(mask, rs + r0));
+    return bias ? _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, bias + r0)) : v;
+  };
+  for (int64_t first = 0; first < m; first += MAX_M) {
+    const int64_t pass = std::min(MAX_M, m - first);
+    copy_dots_any<F>(gate, a, first, pass, g);
+    if (up) copy_dots_any<F>(*up, a, first, pass, u);
+    for (int64_t i = 0; i < pass; ++i) {
+      const __m512 y = finish(g[i], row0);
+      store16(out + (first + i) * width + row0, up ? silu_mul16(y, finish(u[i], width + row0)) : y, mask);
+    }
+  }
 }
 
 template <Format F, typename T>
@@ -228,27 +317,33 @@ void lane_linear_into(const Acts& a, int64_t m, const at::Tensor& weight, const 
   const float* rs = F == Format::int8 ? scale.data_ptr<float>() : nullptr;
   const int64_t row_bytes = weight.size(1), nb = a.blocks, groups = (width + LANES - 1) / LANES;
   at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
-    Copy gate, up;
     std::vector<__m512> g(MAX_M), u(MAX_M);
+    Copy gate, up;
     for (int64_t grp = begin; grp < end; ++grp) {
       const int64_t row0 = grp * LANES, count = std::min(LANES, width - row0);
-      const __mmask16 mask = tail_mask(count);
-      const int64_t next_count = grp + 1 < end ? std::min(LANES, width - row0 - LANES) : 0;
-      copy_rows<F>(w, ws, row_bytes, nb, row0, count, silu_mul ? width + row0 : row0 + LANES,
-                   silu_mul ? count : next_count, gate);
-      if (silu_mul) copy_rows<F>(w, ws, row_bytes, nb, width + row0, count, row0 + LANES, next_count, up);
-      auto finish = [&](__m512 v, int64_t r0) {  // row scales and bias of rows r0...
-        if constexpr (F == Format::int8) v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(mask, rs + r0));
-        return bias ? _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, bias + r0)) : v;
-      };
-      for (int64_t first = 0; first < m; first += MAX_M) {
-        const int64_t pass = std::min(MAX_M, m - first);
-        copy_dots_any<F>(gate, a, first, pass, g.data());
-        if (silu_mul) copy_dots_any<F>(up, a, first, pass, u.data());
-        for (int64_t i = 0; i < pass; ++i) {
-          const __m512 y = finish(g[i], row0);
-          store16(out + (first + i) * width + row0, silu_mul ? silu_mul16(y, finish(u[i], width + row0)) : y, mask);
-        }
+      if constexpr (F == Format::q4_0) {  // group grp's rows start at row0's bytes
+        auto run = [&](auto full) {
+          using Stored = FromStored<decltype(full)::value>;
+          const Stored gs{w + row0 * row_bytes, ws + row0 * nb, count};
+          const Stored us{w + (width + row0) * row_bytes, ws + (width + row0) * nb, count};
+          if (m <= MAX_M) {  // one pass: read in place
+            group_out<F>(gs, silu_mul ? &us : nullptr, a, m, row0, count, width, rs, bias, out, g.data(), u.data());
+            return;
+          }
+          copy_stored(gs, nb, gate);
+          if (silu_mul) copy_stored(us, nb, up);
+          const FromCopy<F> gc{gate}, uc{up};
+          group_out<F>(gc, silu_mul ? &uc : nullptr, a, m, row0, count, width, rs, bias, out, g.data(), u.data());
+        };
+        if (count == LANES) run(std::true_type{});
+        else run(std::false_type{});
+      } else {
+        const int64_t next_count = grp + 1 < end ? std::min(LANES, width - row0 - LANES) : 0;
+        copy_rows<F>(w, ws, row_bytes, nb, row0, count, silu_mul ? width + row0 : row0 + LANES,
+                     silu_mul ? count : next_count, gate);
+        if (silu_mul) copy_rows<F>(w, ws, row_bytes, nb, width + row0, count, row0 + LANES, next_count, up);
+        const FromCopy<F> gs{gate}, us{up};
+        group_out<F>(gs, silu_mul ? &us : nullptr, a, m, row0, count, width, rs, bias, out, g.data(), u.data());
       }
     }
   });
@@ -295,6 +390,9 @@ at::Tensor lane_linear(const at::Tensor& x_in, const at::Tensor& weight, const a
   check_operands(x_in, weight, scale, f);
   check_bias(bias, weight.size(0), "lane_linear");
   TORCH_CHECK(!silu_mul || weight.size(0) % 2 == 0, "lane_linear: silu_mul needs gate and up rows");
+  TORCH_CHECK(!silu_mul || f != Format::q4_0 || weight.size(0) % (2 * LANES) == 0,
+              "lane_linear: silu_mul on Q4_0 needs the gate's rows in whole groups of ", LANES,
+              " (the up rows start a group), got ", weight.size(0) / 2);
   const at::Tensor x = x_in.contiguous();
   const int64_t m = x.size(0), k = x.size(1), n = weight.size(0), width = silu_mul ? n / 2 : n;
   at::Tensor out = at::empty({m, width}, x.options());
