@@ -11,10 +11,11 @@
 //
 //   Q4_0 is stored so (core/int4_format.py interleaves its rows by 16 at load, as llama.cpp
 //   repacks Q4_0 for its CPU kernels): a group of 16 rows is read in place where one pass
-//   covers every input row (up to 16: a decode step), else copied as it is into L1 first. Q8_0 and int8 are stored row by row: each task copies 16 weight
-//   rows into a small buffer that stays in L1, transposed (one 16 x 16 transpose of 32-bit
-//   words per 64 bytes of each row); the copy is made once per call and used by every input
-//   row, so it pays from a few rows up.
+//   covers every input row (up to 16: a decode step), else copied as it is into L1 first.
+//   Q8_0 and int8 are stored row by row: each task copies 16 weight rows into a small buffer
+//   that stays in L1, transposed (one 16 x 16 transpose of 32-bit words per 64 bytes of each
+//   row); the copy is made once per call and used by every input row, so it pays from a few
+//   rows up.
 //
 //   The activations are quantized per block of 32 to int8 as block_linear quantizes them
 //   (scale max|x| / 127, round to nearest even); the weight is VPDPBUSD's unsigned operand (a
