@@ -868,7 +868,7 @@ def _copy_weight(model, hf_name: str, tensor: torch.Tensor, file: Path):
 class WeightTarget:
     """Where one checkpoint tensor goes, checked: ``rows`` of ``part``'s tensor ``name``, as
     the part's weight format loads it (``param_name``: the model's parameter; ``index``: which
-    slice of a fused q/k/v or gate/up parameter, None for the whole)."""
+    slice of a fused q/k/v or gate/up parameter, None for the whole; ``dtype``: the model's)."""
 
     part: nn.Module
     name: str
@@ -876,9 +876,10 @@ class WeightTarget:
     tensor: torch.Tensor
     param_name: str
     index: int | None
+    dtype: torch.dtype
 
     def load(self) -> None:
-        format_of(self.part).load(self.part, self.name, self.tensor, self.rows)
+        format_of(self.part).load(self.part, self.name, self.tensor, self.rows, self.dtype)
 
 
 def fused_name(hf_name: str) -> tuple[str, int | None]:
@@ -911,7 +912,7 @@ def _weight_target(model, hf_name: str, tensor: torch.Tensor, source: str,
     if not torch.isfinite(tensor).all():
         raise ValueError(f"weight {hf_name} in {source} has NaN or infinite values; "
                          f"every output would be NaN, so the model is not run")
-    return WeightTarget(part, tensor_name, rows, tensor, name, index)
+    return WeightTarget(part, tensor_name, rows, tensor, name, index, model.dtype)
 
 
 def _submodule(model: nn.Module, name: str) -> nn.Module | None:

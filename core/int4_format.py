@@ -34,7 +34,7 @@ from __future__ import annotations
 import torch
 
 from core.q8_0_format import BLOCK, Q8_0Format, block_parameters, blocks_of
-from core.weight_format import ALL_ROWS, UNQUANTIZED, WeightFormat
+from core.weight_format import ALL_ROWS, UNQUANTIZED, WeightFormat, as_loaded
 
 GROUP = 16  # rows interleaved together: one per int32 lane of a 64-byte vector
 WORDS = {"weight": 4, "weight_scale": 1}  # each stored parameter's word (elements kept together)
@@ -122,13 +122,14 @@ class Int4Format(WeightFormat):
         """The part's rows in GGUF's order (the parameters interleave them)."""
         return {name: rows_from_groups(getattr(part, name), WORDS[name])[rows] for name in self.parameters}
 
-    def load(self, part, name, tensor, rows=ALL_ROWS):
-        """A float ``weight`` quantized, or a stored tensor in GGUF's order (a GGUF file's
-        blocks), into ``rows``: the whole groups holding them are read back in order, written,
-        and interleaved again, in place (version counters move)."""
+    def load(self, part, name, tensor, rows=ALL_ROWS, dtype=None):
+        """A float ``weight`` quantized (as ``dtype`` holds it), or a stored tensor in GGUF's
+        order (a GGUF file's blocks), into ``rows``: the whole groups holding them are read back
+        in order, written, and interleaved again, in place (version counters move)."""
         if name not in self.parameters:
             return UNQUANTIZED.load(part, name, tensor, rows)
-        values = self.quantize(tensor) if name == "weight" and tensor.is_floating_point() else {name: tensor}
+        floating = name == "weight" and tensor.is_floating_point()
+        values = self.quantize(as_loaded(tensor, dtype)) if floating else {name: tensor}
         for stored_name, value in values.items():
             param, word = getattr(part, stored_name), WORDS[stored_name]
             groups = _groups_of(rows, param.shape[0])

@@ -89,12 +89,14 @@ class WeightFormat:
             return len(range(count)[rows]), columns
         return UNQUANTIZED.expected_shape(part, name, tensor, rows)
 
-    def load(self, part: nn.Module, name: str, tensor: torch.Tensor, rows=ALL_ROWS) -> None:
+    def load(self, part: nn.Module, name: str, tensor: torch.Tensor, rows=ALL_ROWS,
+             dtype: torch.dtype | None = None) -> None:
         """Write a checked checkpoint tensor into ``rows`` of the part, in place (version
-        counters move): a float ``weight`` quantized, anything else as stored."""
+        counters move): a float ``weight`` quantized (as ``dtype``, the model's, holds it: a
+        fresh load quantizes the model as loaded in its dtype), anything else as stored."""
         if name != self.parameters[0] or not tensor.is_floating_point():
             return UNQUANTIZED.load(part, name, tensor, rows)
-        for stored_name, value in self.quantize(tensor).items():
+        for stored_name, value in self.quantize(as_loaded(tensor, dtype)).items():
             target = getattr(part, stored_name)[rows]
             target.copy_(value.to(device=target.device, dtype=target.dtype))
 
@@ -122,9 +124,14 @@ class Unquantized(WeightFormat):
             return None
         return (len(range(param.shape[0])[rows]),) + tuple(param.shape[1:])
 
-    def load(self, part, name, tensor, rows=ALL_ROWS):
+    def load(self, part, name, tensor, rows=ALL_ROWS, dtype=None):
         target = part._parameters[name][rows]
         target.copy_(tensor.to(device=target.device, dtype=target.dtype))
 
 
 UNQUANTIZED = Unquantized()
+
+
+def as_loaded(weight: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """A float checkpoint weight as a model in ``dtype`` holds it (None: as it is)."""
+    return weight if dtype is None else weight.to(dtype)

@@ -132,6 +132,26 @@ def test_loading_some_rows_writes_those_rows_only(rows):
     assert all(torch.equal(fmt.stored(part)[name], before[name]) for name in before)
 
 
+@pytest.mark.parametrize("fmt", ["int4", "q8_0", "int8"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_load_weights_after_start_up_gives_a_fresh_loads_tokens(fmt, dtype, tmp_path):
+    """q/k/v and gate/up slices written after start-up (into int4's interleaved rows too): the
+    tokens are a fresh load's, with the fast layer's kernels. A float weight is quantized as the
+    model's dtype holds it, as a fresh load quantizes it (before, in bfloat16, load_weights
+    quantized the checkpoint's float32 values and the tokens drifted)."""
+    from safetensors.torch import load_file
+    first = build_checkpoint("qwen3", str(tmp_path / "a"), seed=1)
+    second = build_checkpoint("qwen3", str(tmp_path / "b"), seed=2)
+    prompts = [random_prompt(9, 740), random_prompt(21, 741)]
+    want = [o.outputs[0].token_ids for o in make_llm(second, quantization=fmt, dtype=dtype).generate(
+        prompts, greedy(8), use_tqdm=False)]
+    llm = make_llm(first, quantization=fmt, dtype=dtype)
+    llm.generate(prompts, greedy(8), use_tqdm=False)
+    filled = llm.llm_engine.model.load_weights(load_file(f"{second}/model.safetensors").items())
+    assert "layers.0.self_attn.qkv_proj.weight" in filled and "layers.0.mlp.gate_up_proj.weight" in filled
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, greedy(8), use_tqdm=False)] == want
+
+
 # ----------------------------------------------------------------------------- the kernel
 
 @pytest.fixture(scope="module")
@@ -183,6 +203,21 @@ def test_kernel_is_the_quantized_activations_math(kernels, kernel, bits, k, rows
     assert got.shape == want.shape
     if rows:
         assert (got.double() - want).abs().max() <= 1e-4 * (1 + want.abs().max())
+
+
+@pytest.mark.parametrize("silu_mul", [False, True])
+def test_an_int4_row_is_the_same_bits_at_any_row_count(kernels, silu_mul):
+    """int4 runs one kernel at every row count, each input row summed block by block alike,
+    read in place or from a copy: a row's output does not depend on the rows beside it (so a
+    prefix-cache hit, which recomputes a prompt's tail with fewer rows, changes no bit)."""
+    torch.manual_seed(5)
+    weight, scale = as_stored(4, *quantize_q4_0(torch.randn(96, 1056) * 0.05))
+    x = torch.randn(40, 1056).bfloat16()
+    alone = torch.cat([kernels.block_linear(x[i:i + 1], weight, scale, None, 4, silu_mul) for i in range(40)])
+    for rows in (2, 5, 16, 17, 40):
+        together = torch.cat([kernels.block_linear(x[i:i + rows], weight, scale, None, 4, silu_mul)
+                              for i in range(0, 40, rows)])
+        assert torch.equal(together, alone), rows
 
 
 @pytest.mark.parametrize("kernel", ["block_linear", "lane_linear"])
