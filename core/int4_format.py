@@ -87,14 +87,14 @@ def interleave_q4_0(packed: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Te
     return rows_in_groups(packed, WORDS["weight"]), rows_in_groups(scale, WORDS["weight_scale"])
 
 
-def _groups_of(rows, count: int) -> slice:
-    """The stored rows of the whole groups that hold ``rows`` (a slice of ``range(count)``)."""
-    if not isinstance(rows, slice):
-        return ALL_ROWS
-    span = range(count)[rows]
-    if span.step != 1 or not span:
-        return ALL_ROWS
-    return slice(span.start - span.start % GROUP, min(count, -(-span.stop // GROUP) * GROUP))
+def _groups_of(rows, count: int):
+    """(the stored rows of the whole groups that hold ``rows``, ``rows`` within them); a slice of
+    ``range(count)``, else every row."""
+    span = range(count)[rows] if isinstance(rows, slice) else None
+    if span is None or span.step != 1 or not span:
+        return ALL_ROWS, rows
+    start = span.start - span.start % GROUP
+    return slice(start, min(count, -(-span.stop // GROUP) * GROUP)), slice(span.start - start, span.stop - start)
 
 
 class Int4Format(WeightFormat):
@@ -132,11 +132,7 @@ class Int4Format(WeightFormat):
         values = self.quantize(as_loaded(tensor, dtype)) if floating else {name: tensor}
         for stored_name, value in values.items():
             param, word = getattr(part, stored_name), WORDS[stored_name]
-            groups = _groups_of(rows, param.shape[0])
-            within = rows
-            if groups is not ALL_ROWS:
-                span = range(param.shape[0])[rows]
-                within = slice(span.start - groups.start, span.stop - groups.start)
+            groups, within = _groups_of(rows, param.shape[0])
             block = rows_from_groups(param[groups], word)
             block[within] = value.to(device=block.device, dtype=block.dtype)
             param[groups].copy_(rows_in_groups(block, word))
