@@ -208,8 +208,7 @@ def test_kernel_is_the_quantized_activations_math(kernels, kernel, bits, k, rows
 @pytest.mark.parametrize("silu_mul", [False, True])
 def test_an_int4_row_is_the_same_bits_at_any_row_count(kernels, silu_mul):
     """int4 runs one kernel at every row count, each input row summed block by block alike,
-    read in place or from a copy: a row's output does not depend on the rows beside it (so a
-    prefix-cache hit, which recomputes a prompt's tail with fewer rows, changes no bit)."""
+    read in place or from a copy: a row's output does not depend on the rows beside it."""
     torch.manual_seed(5)
     weight, scale = as_stored(4, *quantize_q4_0(torch.randn(96, 1056) * 0.05))
     x = torch.randn(40, 1056).bfloat16()
