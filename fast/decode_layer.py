@@ -26,7 +26,7 @@ from model import MLP, Attention, DecoderLayer
 LINEAR_BF16 = 0        # small_linear
 LINEAR_INT8 = 1        # int8_linear
 LINEAR_INT8_TILES = 2  # int8_tiles
-LINEAR_Q4_0 = 4        # block_linear, bits 4
+LINEAR_Q4_0 = 4        # block_linear, bits 4 (hands Q4_0 to lane_linear; int4 names LINEAR_LANES + 4)
 LINEAR_Q8_0 = 8        # block_linear, bits 8
 LINEAR_LANES = 10      # lane_linear: + its format (1 int8, 4 Q4_0, 8 Q8_0)
 

@@ -19,7 +19,7 @@ namespace {
 constexpr int64_t LINEAR_BF16 = 0;        // small_linear: bfloat16 weight, a few rows
 constexpr int64_t LINEAR_INT8 = 1;        // int8_linear: int8 weight, row scales
 constexpr int64_t LINEAR_INT8_TILES = 2;  // int8_tiles: the same on AMX tiles
-constexpr int64_t LINEAR_Q4_0 = 4;        // block_linear, bits 4
+constexpr int64_t LINEAR_Q4_0 = 4;        // block_linear, bits 4 (hands Q4_0 to lane_linear)
 constexpr int64_t LINEAR_Q8_0 = 8;        // block_linear, bits 8
 constexpr int64_t LINEAR_LANES = 10;      // lane_linear: + its format (1 int8, 4 Q4_0, 8 Q8_0)
 
