@@ -10,7 +10,8 @@ tested equal to the plain path (tests/test_attention_kinds.py). Pure PyTorch: th
 runs on CPU and CUDA; on CPU two kinds use the flash kernel's log-sum-exp to merge attention
 over a shared prefix with the rest of each context. In bfloat16 on a CPU that computes it
 natively, where that kernel is slow, the prompt kinds and the shared part attend by tiled
-matmuls and a fused softmax instead (``matmul_attention``). Which route each kind takes is a
+matmuls and a fused softmax instead (``matmul_attention``) -- where the compiled kernels are
+off (they take every kind of row on CPU, one recipe for all: tests/test_cache_invariance.py). Which route each kind takes is a
 ``Routes`` value the backend is built with (fast/paths.py chooses it once per engine), never
 a module global.
 
@@ -53,8 +54,9 @@ class Routes:
       enough that both matmuls run near the peak, few enough that a tile stays in cache.
     * ``decode_kernel``: decode rows attend by the compiled kernel (fast/kernels.py), one call
       per layer instead of a dozen PyTorch ops.
-    * ``prefill_kernel``: prompt chunks attend by the compiled kernel, straight from the pool
-      -- in float32, where it beats the flash kernel; bfloat16 keeps the tiled matmuls.
+    * ``prefill_kernel``: prompt chunks attend by the compiled kernel, straight from the pool,
+      in every dtype: it computes each row by the decode kernel's recipe (fast/csrc/attention.cpp),
+      so the prefix cache, chunking and batching never change a row's bits.
     * ``shared_decode_kernel``: decode rows that share leading blocks, by the compiled kernel
       that reads those blocks once per tile of rows.
     """

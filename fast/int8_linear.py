@@ -8,7 +8,10 @@ a time in the lanes of integer dot products against activations quantized per bl
 (llama.cpp's Q8 activations: a rounding of bfloat16's order, held to the quality standard of
 benchmarks/int8_quality.py), where the few-row kernel's float multiply per weight and row is the
 cost. Float32 rows keep exact activations (the tokens of the dequantized checkpoint): the
-few-row kernel up to INT8_ROWS, then the dequantized matmul, as without VNNI. Each kernel also applies silu(gate) * up
+few-row kernel at every row count, INT8_ROWS rows at a time over weight tiles held in cache, so
+a row's bits do not depend on the rows beside it (the prefix cache and batching never change
+them). Bfloat16 rows with neither tiles nor VNNI: the few-row kernel up to INT8_ROWS, then the
+dequantized matmul. Each kernel also applies silu(gate) * up
 of a gate/up linear in the same call.
 """
 from __future__ import annotations
@@ -19,7 +22,7 @@ import torch.nn.functional as F
 from fast.decode_layer import LINEAR_INT8, LINEAR_INT8_TILES, LINEAR_LANES
 from fast.format_kernels import PLAIN, FormatKernels, RowKernels, silu_mul
 
-INT8_ROWS = 8   # the most rows fast/csrc/int8_linear.cpp takes
+INT8_ROWS = 8   # rows fast/csrc/int8_linear.cpp takes at once (MAX_ROWS); the bfloat16 few-row span
 # Where AMX's tiles run 8-bit linears: from INT8_FEW_ROWS + 1 rows (fewer: the few-row kernel is
 # faster) to INT8_TILE_ROWS (more: the matmul on the dequantized weight is); measured, docs/benchmarks.md.
 INT8_FEW_ROWS = 3
@@ -78,7 +81,9 @@ class Int8Kernels(FormatKernels):
         if self.tiles and dtype == torch.bfloat16:
             return RowKernels([(INT8_FEW_ROWS, "int8_linear", self.few_rows),
                                (INT8_TILE_ROWS, "int8_tiles", self.on_tiles), more])
-        if self.lanes and dtype == torch.bfloat16:  # float32 rows keep exact activations
+        if self.lanes and dtype == torch.bfloat16:
             return RowKernels([(INT8_LANE_FROM - 1, "int8_linear", self.few_rows),
                                (None, "lane_linear (VNNI, int8 activations)", self.in_lanes)])
+        if dtype == torch.float32:  # exact activations, and a row's bits at any row count
+            return RowKernels([(None, "int8_linear (any rows, 8 at a time)", self.few_rows)])
         return RowKernels([(INT8_ROWS, "int8_linear", self.few_rows), more])

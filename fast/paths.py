@@ -13,7 +13,8 @@ gets here: the engine's builder then takes the core's plain ``Backend``. STEP14_
 The kernels' limits, as fast/csrc checks them (outside a limit the PyTorch kind runs):
 
 * every kernel: a CPU tensor in float32, bfloat16 or float16 (their softmax and sums are float32);
-* the tile kernels (prompt chunks, decode over shared blocks): AVX-512 in the build; at most
+* the tile kernels (prompt chunks, decode over shared blocks): AVX-512 in the build (there every
+  attention kernel computes a row by one recipe, so no kernel choice changes a bit); at most
   ``TILE_MAX_GROUP`` query heads per KV head (a tile's 16 lanes hold one position's heads);
   positions and position + window in int32;
 * the few-row linear: bfloat16, AVX-512 BF16 in the build, at most fast/linear.SMALL_ROWS rows;
@@ -138,10 +139,10 @@ def _with_kernels(routes: Routes, pack_linears: bool, build: KernelBuild, config
     if tiles_off:
         off.append(f"tile kernels ({tiles_off})")
     else:
-        routes = replace(routes, shared_decode_kernel=module.shared_decode_attention)
-        # Prompt chunks too, where the tiled bfloat16 matmuls are not faster (float32, float16).
-        if not routes.matmul_attention:
-            routes = replace(routes, prefill_kernel=module.prefill_attention)
+        # Prompt chunks by the kernel in every dtype: it computes each row as decode does (one
+        # recipe), so the prefix cache and chunking never change a row's bits.
+        routes = replace(routes, shared_decode_kernel=module.shared_decode_attention,
+                         prefill_kernel=module.prefill_attention)
     small = None
     if dtype == torch.bfloat16:
         small = module.small_linear if module.small_linear_available() else None

@@ -68,13 +68,14 @@ def test_a_window_at_and_past_the_int32_positions_of_the_tiles(tmp_path, past):
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
 def test_dtypes_outside_the_kernels_keep_pytorch(checkpoints, dtype):
-    """float64: no kernel at all (their softmax is float32); bfloat16: the prompt chunks keep
-    the tiled matmuls where they are faster, the few-row linear needs AVX-512 BF16."""
+    """float64: no kernel at all (their softmax is float32); bfloat16: the kernels, prompt
+    chunks included (one recipe with decode rows), the few-row linear where AVX-512 BF16 is."""
     paths = chosen(checkpoints["llama"], dtype)
     if dtype == torch.float64:
         assert paths.build is None and paths.glue is None and paths.routes.decode_kernel is None
         assert "float64 is not theirs" in paths.describe()
     else:
         assert paths.routes.decode_kernel is not None
+        assert (paths.routes.prefill_kernel is not None) == tiles_built(), paths.describe()
         small = compiled_kernels().module.small_linear_available()
         assert (paths.small_linear is not None) == small, paths.describe()

@@ -238,24 +238,34 @@ class Counting:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_int8_rows_go_to_the_kernel_chosen_for_them(int8_kernels, dtype, lanes):
     """Without AMX tiles: bfloat16 rows, one the few-row kernel, more lane_linear (where VNNI
-    is built); float32 rows, or without VNNI: up to INT8_ROWS rows the few-row kernel, more the
-    dequantized matmul."""
+    is built), or without VNNI up to INT8_ROWS the few-row kernel, more the dequantized matmul;
+    float32 rows the few-row kernel at every row count (a row's bits at any count), equal to its
+    rows one at a time."""
     if lanes and not int8_kernels.lane_linear_available():
         pytest.skip("built without AVX-512 VNNI: no lane kernel here")
     lanes = lanes and dtype == torch.bfloat16
     part = FormatLinear.of(Linear(64, 32).to(dtype), formats.FORMATS["int8"])
     counting = Counting(int8_kernels)
     replacement = FormatLinearKernel(Int8Kernels(counting, lanes=lanes), part, dtype)
-    few = INT8_LANE_FROM - 1 if lanes else INT8_ROWS
-    more = "lane_linear (VNNI, int8 activations)" if lanes else "int8_dequantize + matmul"
-    assert replacement.describe() == (f"1 row int8_linear, {few + 1}+ rows {more}" if few == 1
-                                      else f"1-{few} rows int8_linear, {few + 1}+ rows {more}")
-    for rows in (1, few, few + 1, 40):
-        counting.calls.clear()
+    if dtype == torch.float32:
+        assert replacement.describe() == "any rows int8_linear (any rows, 8 at a time)"
+        x = torch.randn(40, 64)
         with torch.inference_mode():
-            replacement(part, torch.randn(rows, 64).to(dtype))
-        want = "int8_linear" if rows <= few else "lane_linear" if lanes else "int8_dequantize"
-        assert counting.calls == [want], rows
+            whole = replacement(part, x)
+            alone = torch.cat([replacement(part, x[i:i + 1]) for i in range(40)])
+        assert torch.equal(whole, alone)
+        assert set(counting.calls) == {"int8_linear"}
+    else:
+        few = INT8_LANE_FROM - 1 if lanes else INT8_ROWS
+        more = "lane_linear (VNNI, int8 activations)" if lanes else "int8_dequantize + matmul"
+        assert replacement.describe() == (f"1 row int8_linear, {few + 1}+ rows {more}" if few == 1
+                                          else f"1-{few} rows int8_linear, {few + 1}+ rows {more}")
+        for rows in (1, few, few + 1, 40):
+            counting.calls.clear()
+            with torch.inference_mode():
+                replacement(part, torch.randn(rows, 64).to(dtype))
+            want = "int8_linear" if rows <= few else "lane_linear" if lanes else "int8_dequantize"
+            assert counting.calls == [want], rows
     strided = part.weight.detach().t().contiguous().t()  # [32, 64], not contiguous
     part.weight = nn.Parameter(strided, requires_grad=False)
     with torch.inference_mode():

@@ -1,11 +1,13 @@
-// Decode attention over the paged KV pool: one query token per row, every query head of a KV
-// head group at once, keys and values read straight from their blocks (no gather, no padding),
-// softmax in float32. The same result as model.py's paged_attention for these rows.
+// Attention over the paged KV pool, straight from the blocks (no gather, no padding), softmax
+// in float32: decode rows (one query token each, every query head of a KV head group at once),
+// prompt chunks (tiles of query rows), and decode rows that share leading blocks. The same
+// result as model.py's paged_attention for these rows.
 //
-// Two passes per (row, KV head): scores of every visible key, then the softmax-weighted sum of
-// the values. On a CPU with AVX-512 the dots, the exp and the sums run 16 lanes wide and the
-// next blocks are prefetched (blocks sit anywhere in the pool, where the hardware prefetcher
-// does not follow); elsewhere the same loops in plain C++.
+// On a CPU with AVX-512 every kernel computes each query row by one recipe (below), so a row's
+// bits do not depend on which kernel ran it or on what else was in the call; the next blocks are
+// prefetched (blocks sit anywhere in the pool, where the hardware prefetcher does not follow).
+// Elsewhere the decode kernel runs the same loops in plain C++ (two passes: scores, then the
+// softmax-weighted values), and prompt chunks are left to PyTorch.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -14,6 +16,7 @@
 #include <climits>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
@@ -92,96 +95,26 @@ inline __m512 load(const c10::Half* p, __mmask16 m) {
   return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
 }
 
-template <typename T>
-inline void prefetch_block(const T* first_row, int64_t bytes) {
-  const char* p = reinterpret_cast<const char*>(first_row);
-  for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch(p + i, _MM_HINT_NTA);
-}
 
-// Softmax of one query head's scores in place.
-inline void softmax(float* s, int64_t count) {
-  __m512 peak = _mm512_set1_ps(-INFINITY);
-  for (int64_t j = 0; j < count; j += LANES) {  // the last load masked too: never past s[count - 1]
-    const __mmask16 m = tail_mask(count - j);
-    peak = _mm512_mask_max_ps(peak, m, peak, _mm512_maskz_loadu_ps(m, s + j));
-  }
-  const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(peak));
-  __m512 total = _mm512_setzero_ps();
-  for (int64_t j = 0; j < count; j += LANES) {
-    const __mmask16 m = tail_mask(count - j);
-    const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + j), top));
-    total = _mm512_mask_add_ps(total, m, total, e);
-    _mm512_mask_storeu_ps(s + j, m, e);
-  }
-  const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(total));
-  for (int64_t j = 0; j < count; j += LANES) {
-    const __mmask16 m = tail_mask(count - j);
-    _mm512_mask_storeu_ps(s + j, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, s + j), inv));
-  }
-}
+// ----------------------------------------------------------------------------- the row recipe
+//
+// Every AVX-512 kernel below computes a query row (one query head at one position) by this one
+// recipe, so a row's output depends only on its query and the keys and values it sees -- never on
+// the kernel (decode, prompt chunk, shared prefix) or on which rows share its call. That is what
+// lets the prefix cache, chunked prefill and batching leave every token as it was:
+//
+//   * the keys come in groups: each block's keys 16 at a time from the block's first slot; a row
+//     skips a group without a key it sees, and gives probability 0 to the keys it does not see;
+//   * score = (q * scale) . k: per lane the products of one dim lane chained by fma over the
+//     head's 16-wide chunks (zeros past dim), the 16 lanes summed by one fixed tree (sum4's);
+//   * an online softmax, group by group: top = max(run max, scores), alpha = exp(run max - top),
+//     p = exp(score - top), run sum = run sum * alpha + tree(p) (one fma), values = values * alpha
+//     then + p_k * v_k key by key, in position order;
+//   * out = values * (1 / run sum).
+constexpr int KEYS = 16;  // keys per group; also rows per tile
 
-// Calls each(position, row pointer) for the visible keys in order, block by block, prefetching
-// the next block of the same pool.
-constexpr int64_t AHEAD = 2;
-
-template <typename T, typename Each>
-inline void for_each_key(const T* pool, const Task<T>& t, const Shape& s, Each each) {
-  const int64_t bs = s.block_size, row_bytes = s.dim * static_cast<int64_t>(sizeof(T));
-  for (int64_t p = t.lo; p < t.hi;) {
-    const int64_t blk = p / bs, end = std::min(t.hi, (blk + 1) * bs);
-    if (p == t.lo)  // the first blocks, then each block AHEAD blocks before it is read
-      for (int64_t a = 1; a <= AHEAD && (blk + a) * bs < t.hi; ++a)
-        prefetch_block(pool + t.table[blk + a] * bs * s.dim, bs * row_bytes);
-    else if ((blk + AHEAD) * bs < t.hi)
-      prefetch_block(pool + t.table[blk + AHEAD] * bs * s.dim, bs * row_bytes);
-    const T* row = pool + (t.table[blk] * bs + p % bs) * s.dim;
-    for (; p < end; ++p, row += s.dim) each(p, row);
-  }
-}
-
-// query / acc: [group, chunks * LANES] float32 (zero beyond dim); scores: [group, count].
-template <typename T>
-void attend_simd(const Task<T>& t, const Shape& s, float* scores, float* query, float* acc) {
-  const int64_t count = t.hi - t.lo, group = s.group, dim = s.dim;
-  const int64_t chunks = (dim + LANES - 1) / LANES, width = chunks * LANES;
-  const __mmask16 last = tail_mask(dim - (chunks - 1) * LANES);
-  auto mask = [&](int64_t c) { return c + 1 == chunks ? last : static_cast<__mmask16>(0xFFFF); };
-  const __m512 scale = _mm512_set1_ps(s.scale);
-  for (int64_t g = 0; g < group; ++g)
-    for (int64_t c = 0; c < chunks; ++c)
-      _mm512_storeu_ps(query + g * width + c * LANES,
-                       _mm512_mul_ps(load(t.q + g * t.q_stride + c * LANES, mask(c)), scale));
-  for_each_key(t.k, t, s, [&](int64_t p, const T* row) {
-    for (int64_t g = 0; g < group; ++g) {
-      __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();  // two chains: half the latency
-      int64_t c = 0;
-      for (; c + 1 < chunks; c += 2) {
-        a = _mm512_fmadd_ps(_mm512_loadu_ps(query + g * width + c * LANES), load(row + c * LANES, mask(c)), a);
-        b = _mm512_fmadd_ps(_mm512_loadu_ps(query + g * width + (c + 1) * LANES),
-                            load(row + (c + 1) * LANES, mask(c + 1)), b);
-      }
-      if (c < chunks)
-        a = _mm512_fmadd_ps(_mm512_loadu_ps(query + g * width + c * LANES), load(row + c * LANES, mask(c)), a);
-      scores[g * count + (p - t.lo)] = _mm512_reduce_add_ps(_mm512_add_ps(a, b));
-    }
-  });
-  for (int64_t g = 0; g < group; ++g) softmax(scores + g * count, count);
-  std::fill(acc, acc + group * width, 0.f);
-  for_each_key(t.v, t, s, [&](int64_t p, const T* row) {
-    for (int64_t c = 0; c < chunks; ++c) {
-      const __m512 value = load(row + c * LANES, mask(c));
-      for (int64_t g = 0; g < group; ++g) {
-        float* a = acc + g * width + c * LANES;
-        _mm512_storeu_ps(a, _mm512_fmadd_ps(_mm512_set1_ps(scores[g * count + (p - t.lo)]), value,
-                                            _mm512_loadu_ps(a)));
-      }
-    }
-  });
-  for (int64_t g = 0; g < group; ++g)
-    for (int64_t d = 0; d < dim; ++d) t.out[g * t.out_stride + d] = static_cast<T>(acc[g * width + d]);
-}
-
-// Sums of four vectors' lanes: {sum a0, sum a1, sum a2, sum a3} (one transpose, not four reductions).
+// Sums of four vectors' lanes: {sum a0, sum a1, sum a2, sum a3} by one tree: within each 128-bit
+// quarter (x0 + x2) + (x1 + x3), then quarters (Q0 + Q2) + (Q1 + Q3).
 inline __m128 sum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
   const __m512 s01 = _mm512_add_ps(_mm512_unpacklo_ps(a0, a1), _mm512_unpackhi_ps(a0, a1));
   const __m512 s23 = _mm512_add_ps(_mm512_unpacklo_ps(a2, a3), _mm512_unpackhi_ps(a2, a3));
@@ -191,105 +124,361 @@ inline __m128 sum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
   return _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
 }
 
-// attend_simd for a head size of CH x 16: keys four at a time, each converted once for up to
-// GB query heads of the group, their dots summed by one transpose; the values' weighted sums
-// held in registers (VB heads at a time) instead of read and written back at every key.
-template <typename T, int CH, int GB, int VB>
-void attend_fixed(const Task<T>& t, const Shape& s, float* scores, float* query, float* acc) {
-  constexpr int64_t W = CH * LANES;
-  const int64_t count = t.hi - t.lo, group = s.group;
-  const __m512 scale = _mm512_set1_ps(s.scale);
-  for (int64_t g = 0; g < group; ++g)
-    for (int c = 0; c < CH; ++c)
-      _mm512_storeu_ps(query + g * W + c * LANES, _mm512_mul_ps(load(t.q + g * t.q_stride + c * LANES, 0xFFFF), scale));
-  const T* rows[4];
-  int n = 0;
-  auto score4 = [&](int64_t first) {  // keys first .. first + 3 (positions past lo)
-    for (int64_t g0 = 0; g0 < group; g0 += GB) {
-      __m512 a[GB][4];
-      for (int g = 0; g < GB; ++g)
-        for (int j = 0; j < 4; ++j) a[g][j] = _mm512_setzero_ps();
-      for (int c = 0; c < CH; ++c) {
-        __m512 k[4];
-        for (int j = 0; j < 4; ++j) k[j] = load(rows[j] + c * LANES, 0xFFFF);
-        for (int g = 0; g < GB; ++g) {
-          const __m512 q = _mm512_loadu_ps(query + (g0 + g) * W + c * LANES);
-          for (int j = 0; j < 4; ++j) a[g][j] = _mm512_fmadd_ps(q, k[j], a[g][j]);
-        }
-      }
-      for (int g = 0; g < GB; ++g) _mm_storeu_ps(scores + (g0 + g) * count + first, sum4(a[g][0], a[g][1], a[g][2], a[g][3]));
-    }
-  };
-  for_each_key(t.k, t, s, [&](int64_t p, const T* row) {
-    rows[n++] = row;
-    if (n == 4) {
-      score4(p - 3 - t.lo);
-      n = 0;
-    }
-  });
-  for (int j = 0; j < n; ++j) {  // the last keys, one at a time
-    const T* row = rows[j];
-    const int64_t at = count - n + j;
-    for (int64_t g = 0; g < group; ++g) {
-      __m512 a = _mm512_setzero_ps();
-      for (int c = 0; c < CH; ++c) a = _mm512_fmadd_ps(_mm512_loadu_ps(query + g * W + c * LANES), load(row + c * LANES, 0xFFFF), a);
-      scores[g * count + at] = _mm512_reduce_add_ps(a);
-    }
+inline float tree_sum(__m512 a) {
+  const __m512 zero = _mm512_setzero_ps();
+  return _mm_cvtss_f32(sum4(a, zero, zero, zero));
+}
+
+inline float exp_of(float x) { return _mm512_cvtss_f32(exp_nonpositive(_mm512_set1_ps(x))); }
+
+// Rows attending one sequence's keys together (at most KEYS): scaled queries and weighted values
+// [n][width] (zeros past dim), and per row its visible keys [lo, hi) and running max and sum.
+// A view of some rows is the same pointers moved on.
+struct RowSet {
+  int n;
+  int64_t width;
+  float *qs, *acc, *run_max, *run_sum;
+  const int64_t *lo, *hi;
+
+  RowSet rows(int first, int count) const {
+    return RowSet{count, width, qs + first * width, acc + first * width, run_max + first, run_sum + first,
+                  lo + first, hi + first};
   }
-  for (int64_t g = 0; g < group; ++g) softmax(scores + g * count, count);
-  for (int64_t g0 = 0; g0 < group; g0 += VB) {
-    __m512 sum[VB][CH];
-    for (int g = 0; g < VB; ++g)
-      for (int c = 0; c < CH; ++c) sum[g][c] = _mm512_setzero_ps();
-    for_each_key(t.v, t, s, [&](int64_t p, const T* row) {
-      for (int c = 0; c < CH; ++c) {
-        const __m512 value = load(row + c * LANES, 0xFFFF);
-        for (int g = 0; g < VB; ++g)
-          sum[g][c] = _mm512_fmadd_ps(_mm512_set1_ps(scores[(g0 + g) * count + (p - t.lo)]), value, sum[g][c]);
-      }
-    });
-    for (int g = 0; g < VB; ++g)
-      for (int c = 0; c < CH; ++c) {
-        alignas(64) float lanes[LANES];
-        _mm512_store_ps(lanes, sum[g][c]);
-        for (int d = 0; d < LANES; ++d) t.out[(g0 + g) * t.out_stride + c * LANES + d] = static_cast<T>(lanes[d]);
-      }
+};
+
+// Scratch of one thread: a RowSet's arrays and a group's scores and probabilities.
+struct RowScratch {
+  int64_t width;
+  std::vector<float> qs, acc, run_max, run_sum, scores, probs, alpha, all_scores, ot, vf;
+  std::vector<int64_t> lo, hi;
+  explicit RowScratch(int64_t dim)
+      : width((dim + LANES - 1) / LANES * LANES), qs(KEYS * width), acc(KEYS * width), run_max(KEYS),
+        run_sum(KEYS), scores(KEYS * KEYS), probs(KEYS * KEYS), alpha(KEYS), vf(KEYS * width), lo(KEYS), hi(KEYS) {}
+
+  RowSet start(int n) {
+    std::fill(acc.begin(), acc.begin() + n * width, 0.f);
+    std::fill(run_max.begin(), run_max.begin() + n, -INFINITY);
+    std::fill(run_sum.begin(), run_sum.begin() + n, 0.f);
+    return RowSet{n, width, qs.data(), acc.data(), run_max.data(), run_sum.data(), lo.data(), hi.data()};
+  }
+};
+
+// Row r's scaled query: q * scale, zeros past dim.
+template <typename T>
+inline void scale_query(const T* q, int64_t dim, float scale, float* dst) {
+  const __m512 s = _mm512_set1_ps(scale);
+  for (int64_t c = 0; c * LANES < dim; ++c)
+    _mm512_storeu_ps(dst + c * LANES, _mm512_mul_ps(load(q + c * LANES, tail_mask(dim - c * LANES)), s));
+}
+
+// A finished row: values * (1 / run sum) into out.
+template <typename T>
+inline void write_row(const float* acc, float run_sum, int64_t dim, T* out) {
+  const float inv = 1.0f / run_sum;
+  alignas(64) float lanes[LANES];
+  for (int64_t c = 0; c * LANES < dim; ++c) {
+    _mm512_store_ps(lanes, _mm512_mul_ps(_mm512_loadu_ps(acc + c * LANES), _mm512_set1_ps(inv)));
+    for (int64_t d = 0; d < std::min<int64_t>(LANES, dim - c * LANES); ++d) out[c * LANES + d] = static_cast<T>(lanes[d]);
   }
 }
 
-// The fixed-size kernel for this head size and group, where there is one (else nullptr).
+// Scores of RB rows against the group's keys k0[0 .. n) (rows dim apart): scores [RB][KEYS].
+// CH: the head's chunks of 16 where the compiler knows them (full loads, unrolled), 0 for any.
+template <typename T, int CH, int RB>
+void score_rows(const RowSet& rs, int r0, const T* k0, int n, int64_t dim, float* scores, int64_t stride) {
+  const int64_t chunks = CH ? CH : (dim + LANES - 1) / LANES;
+  const __mmask16 last = CH ? static_cast<__mmask16>(0xFFFF) : tail_mask(dim - (chunks - 1) * LANES);
+  for (int kq = 0; kq < n; kq += 4) {
+    const T* rows[4];
+    for (int j = 0; j < 4; ++j) rows[j] = k0 + std::min(kq + j, n - 1) * dim;  // past n: scored, unused
+    __m512 a[RB][4];
+    for (int r = 0; r < RB; ++r)
+      for (int j = 0; j < 4; ++j) a[r][j] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < chunks; ++c) {
+      const __mmask16 m = c + 1 == chunks ? last : static_cast<__mmask16>(0xFFFF);
+      __m512 k[4];
+      for (int j = 0; j < 4; ++j) k[j] = load(rows[j] + c * LANES, m);
+      for (int r = 0; r < RB; ++r) {
+        const __m512 q = _mm512_loadu_ps(rs.qs + (r0 + r) * rs.width + c * LANES);
+        for (int j = 0; j < 4; ++j) a[r][j] = _mm512_fmadd_ps(q, k[j], a[r][j]);
+      }
+    }
+    for (int r = 0; r < RB; ++r) _mm_storeu_ps(scores + r * stride + kq, sum4(a[r][0], a[r][1], a[r][2], a[r][3]));
+  }
+}
+
+// values = values * alpha + sum_k p_k v_k for RB rows, CH chunks of the head held in registers.
+template <typename T, int CH, int RB>
+void weigh_values_fixed(const RowSet& rs, int r0, const float* probs, const float* alpha, const T* v0, int n) {
+  __m512 a[RB][CH];
+  for (int r = 0; r < RB; ++r)
+    for (int c = 0; c < CH; ++c)
+      a[r][c] = _mm512_mul_ps(_mm512_loadu_ps(rs.acc + (r0 + r) * rs.width + c * LANES), _mm512_set1_ps(alpha[r0 + r]));
+  for (int k = 0; k < n; ++k)
+    for (int c = 0; c < CH; ++c) {
+      const __m512 v = load(v0 + k * CH * LANES + c * LANES, 0xFFFF);
+      for (int r = 0; r < RB; ++r) a[r][c] = _mm512_fmadd_ps(_mm512_set1_ps(probs[(r0 + r) * KEYS + k]), v, a[r][c]);
+    }
+  for (int r = 0; r < RB; ++r)
+    for (int c = 0; c < CH; ++c) _mm512_storeu_ps(rs.acc + (r0 + r) * rs.width + c * LANES, a[r][c]);
+}
+
+// The same arithmetic for any head size: a chunk at a time, four rows at a time.
 template <typename T>
-using Attend = void (*)(const Task<T>&, const Shape&, float*, float*, float*);
+void weigh_values_any(const RowSet& rs, const float* probs, const float* alpha, const T* v0, int n, int64_t dim) {
+  for (int64_t c = 0; c * LANES < dim; ++c) {
+    const __mmask16 m = tail_mask(dim - c * LANES);
+    for (int r0 = 0; r0 < rs.n; r0 += 4) {
+      const int rb = std::min(4, rs.n - r0);
+      __m512 a[4];
+      for (int r = 0; r < rb; ++r)
+        a[r] = _mm512_mul_ps(_mm512_loadu_ps(rs.acc + (r0 + r) * rs.width + c * LANES), _mm512_set1_ps(alpha[r0 + r]));
+      for (int k = 0; k < n; ++k) {
+        const __m512 v = load(v0 + k * dim + c * LANES, m);
+        for (int r = 0; r < rb; ++r) a[r] = _mm512_fmadd_ps(_mm512_set1_ps(probs[(r0 + r) * KEYS + k]), v, a[r]);
+      }
+      for (int r = 0; r < rb; ++r) _mm512_storeu_ps(rs.acc + (r0 + r) * rs.width + c * LANES, a[r]);
+    }
+  }
+}
 
 template <typename T, int CH>
-Attend<T> fixed_for_group(int64_t group) {
-  constexpr int VB = CH <= 4 ? 4 : CH <= 8 ? 2 : 1;  // the values' sums: at most 16 registers
-  if (group % 4 == 0) return VB >= 4 ? attend_fixed<T, CH, 4, 4> : VB == 2 ? attend_fixed<T, CH, 4, 2> : attend_fixed<T, CH, 4, 1>;
-  if (group % 2 == 0) return VB >= 2 ? attend_fixed<T, CH, 2, 2> : attend_fixed<T, CH, 2, 1>;
-  return attend_fixed<T, CH, 1, 1>;
+void weigh_values(const RowSet& rs, const float* probs, const float* alpha, const T* v0, int n) {
+  constexpr int RB = CH <= 4 ? 4 : CH <= 8 ? 2 : 1;  // at most 16 registers of sums
+  int r0 = 0;
+  for (; r0 + RB <= rs.n; r0 += RB) weigh_values_fixed<T, CH, RB>(rs, r0, probs, alpha, v0, n);
+  for (; r0 < rs.n; ++r0) weigh_values_fixed<T, CH, 1>(rs, r0, probs, alpha, v0, n);
+}
+
+// The scores of one group of keys, positions [kp, kp + n) at k0 (rows dim apart): row r's
+// at scores + r * stride.
+template <typename T, int CH>
+void score_group(const RowSet& rs, const T* k0, int n, int64_t dim, float* scores, int64_t stride) {
+  int r0 = 0;
+  for (; r0 + 4 <= rs.n; r0 += 4) score_rows<T, CH, 4>(rs, r0, k0, n, dim, scores + r0 * stride, stride);
+  switch (rs.n - r0) {
+    case 3: score_rows<T, CH, 3>(rs, r0, k0, n, dim, scores + r0 * stride, stride); break;
+    case 2: score_rows<T, CH, 2>(rs, r0, k0, n, dim, scores + r0 * stride, stride); break;
+    case 1: score_rows<T, CH, 1>(rs, r0, k0, n, dim, scores + r0 * stride, stride); break;
+    default: break;
+  }
+}
+
+// That group's scores into the rows' softmax, and its values (v0) into their weighted sums.
+template <typename T, int CH>
+void weigh_group(RowSet& rs, const float* scores, int64_t stride, const T* v0, int64_t kp, int n, int64_t dim,
+                 RowScratch& scratch) {
+  float *probs = scratch.probs.data(), *alpha = scratch.alpha.data();
+  const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
+  for (int r = 0; r < rs.n; ++r) {
+    // Keys kp + k this row sees: lo <= kp + k < hi, k < n.
+    const int64_t from = std::max<int64_t>(rs.lo[r] - kp, 0), to = std::min<int64_t>(rs.hi[r] - kp, n);
+    const __mmask16 seen = from < to ? static_cast<__mmask16>(tail_mask(to) & ~tail_mask(from)) : 0;
+    if (!seen) {  // nothing here for this row: its state stays exactly as it is
+      alpha[r] = 1.0f;
+      _mm512_storeu_ps(probs + r * KEYS, _mm512_setzero_ps());
+      continue;
+    }
+    const __m512 sc = _mm512_mask_mov_ps(neg_inf, seen, _mm512_maskz_loadu_ps(seen, scores + r * stride));
+    const float top = std::max(rs.run_max[r], _mm512_reduce_max_ps(sc));
+    const float a = rs.run_max[r] == -INFINITY ? 0.f : exp_of(rs.run_max[r] - top);
+    const __m512 p = _mm512_maskz_mov_ps(seen, exp_nonpositive(_mm512_sub_ps(sc, _mm512_set1_ps(top))));
+    rs.run_sum[r] = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(rs.run_sum[r]), _mm_set_ss(a), _mm_set_ss(tree_sum(p))));
+    rs.run_max[r] = top;
+    alpha[r] = a;
+    _mm512_storeu_ps(probs + r * KEYS, p);
+  }
+  if constexpr (CH > 0) weigh_values<T, CH>(rs, probs, alpha, v0, n);
+  else weigh_values_any(rs, probs, alpha, v0, n, dim);
+}
+
+// weigh_group for a tile's rows, a lane per row: the same arithmetic per element (the softmax
+// by lanes instead of one row at a time; each value times a probability and added, key by key),
+// so every row's bits are the row-by-row recipe's. The running sums are kept [dim][16].
+struct TileState {
+  __m512 run_max, run_sum;
+  float* ot;  // [dim][KEYS]
+
+  static TileState of(const RowSet& rs, RowScratch& scratch) {  // the rows' state, a lane each
+    scratch.ot.assign(rs.width * KEYS, 0.f);
+    alignas(64) float m[KEYS], l[KEYS];
+    for (int r = 0; r < KEYS; ++r) {
+      m[r] = r < rs.n ? rs.run_max[r] : -INFINITY;
+      l[r] = r < rs.n ? rs.run_sum[r] : 0.f;
+    }
+    for (int r = 0; r < rs.n; ++r)
+      for (int64_t d = 0; d < rs.width; ++d) scratch.ot[d * KEYS + r] = rs.acc[r * rs.width + d];
+    return TileState{_mm512_load_ps(m), _mm512_load_ps(l), scratch.ot.data()};
+  }
+
+  void put(RowSet& rs) const {  // back into the rows' own layout
+    alignas(64) float m[KEYS], l[KEYS];
+    _mm512_store_ps(m, run_max);
+    _mm512_store_ps(l, run_sum);
+    for (int r = 0; r < rs.n; ++r) {
+      rs.run_max[r] = m[r];
+      rs.run_sum[r] = l[r];
+      for (int64_t d = 0; d < rs.width; ++d) rs.acc[r * rs.width + d] = ot[d * KEYS + r];
+    }
+  }
+};
+
+// The recipe's sum of 16 probabilities, lane by lane over keys: sum4's tree.
+inline __m512 tree_over_keys(const __m512* p) {
+  __m512 q[4];
+  for (int j = 0; j < 4; ++j)
+    q[j] = _mm512_add_ps(_mm512_add_ps(p[4 * j], p[4 * j + 2]), _mm512_add_ps(p[4 * j + 1], p[4 * j + 3]));
+  return _mm512_add_ps(_mm512_add_ps(q[0], q[2]), _mm512_add_ps(q[1], q[3]));
 }
 
 template <typename T>
-Attend<T> fixed_kernel(const Shape& s) {
-  if (s.dim % LANES) return nullptr;
-  switch (s.dim / LANES) {
-    case 4: return fixed_for_group<T, 4>(s.group);
-    case 8: return fixed_for_group<T, 8>(s.group);
-    default: return nullptr;
+void tile_weigh_group(TileState& st, const RowSet& rs, const float* scores, const T* v0, int64_t kp, int n,
+                      int64_t dim, RowScratch& scratch) {
+  const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
+  alignas(64) int32_t lo[KEYS], hi[KEYS];
+  for (int r = 0; r < KEYS; ++r) {
+    lo[r] = r < rs.n ? static_cast<int32_t>(std::max<int64_t>(rs.lo[r] - kp, 0)) : 0;
+    hi[r] = r < rs.n ? static_cast<int32_t>(std::min<int64_t>(rs.hi[r] - kp, n)) : 0;
+  }
+  const __m512i lo_v = _mm512_load_si512(lo), hi_v = _mm512_load_si512(hi);
+  alignas(64) float col[KEYS * KEYS];  // scores [key][row]
+  for (int r = 0; r < rs.n; ++r)
+    for (int k = 0; k < KEYS; ++k) col[k * KEYS + r] = scores[r * KEYS + k];
+  __m512 sc[KEYS];
+  __mmask16 seen[KEYS], any = 0;
+  __m512 top = st.run_max;
+  for (int k = 0; k < KEYS; ++k) {
+    const __m512i key = _mm512_set1_epi32(k);
+    seen[k] = k < n ? _mm512_cmp_epi32_mask(lo_v, key, _MM_CMPINT_LE) & _mm512_cmp_epi32_mask(key, hi_v, _MM_CMPINT_LT)
+                    : static_cast<__mmask16>(0);
+    any |= seen[k];
+    sc[k] = _mm512_mask_loadu_ps(neg_inf, seen[k], col + k * KEYS);
+    top = _mm512_max_ps(top, sc[k]);
+  }
+  // Lanes with no key here keep their state exactly: alpha 1, probabilities 0.
+  const __mmask16 had = _mm512_cmp_ps_mask(st.run_max, neg_inf, _CMP_NEQ_OQ);
+  const __m512 alpha = _mm512_mask_blend_ps(any, _mm512_set1_ps(1.0f),
+                                            _mm512_maskz_mov_ps(had, exp_nonpositive(_mm512_sub_ps(st.run_max, top))));
+  __m512 p[KEYS];
+  float* probs = scratch.probs.data();
+  for (int k = 0; k < KEYS; ++k) {
+    p[k] = _mm512_maskz_mov_ps(seen[k], exp_nonpositive(_mm512_sub_ps(sc[k], top)));
+    _mm512_storeu_ps(probs + k * KEYS, p[k]);
+  }
+  st.run_sum = _mm512_mask_fmadd_ps(st.run_sum, any, alpha, tree_over_keys(p));
+  st.run_max = _mm512_mask_mov_ps(st.run_max, any, top);
+  float* vf = scratch.vf.data();
+  for (int k = 0; k < n; ++k)
+    for (int64_t c = 0; c * LANES < dim; ++c)
+      _mm512_storeu_ps(vf + k * rs.width + c * LANES, load(v0 + k * dim + c * LANES, tail_mask(dim - c * LANES)));
+  float* ot = st.ot;
+  int64_t d = 0;
+  for (; d + 8 <= dim; d += 8) {
+    __m512 acc[8];
+    for (int j = 0; j < 8; ++j) acc[j] = _mm512_mul_ps(_mm512_loadu_ps(ot + (d + j) * KEYS), alpha);
+    for (int k = 0; k < n; ++k) {
+      const __m512 pk = _mm512_loadu_ps(probs + k * KEYS);
+      for (int j = 0; j < 8; ++j) acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(vf[k * rs.width + d + j]), pk, acc[j]);
+    }
+    for (int j = 0; j < 8; ++j) _mm512_storeu_ps(ot + (d + j) * KEYS, acc[j]);
+  }
+  for (; d < dim; ++d) {
+    __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(ot + d * KEYS), alpha);
+    for (int k = 0; k < n; ++k)
+      acc = _mm512_fmadd_ps(_mm512_set1_ps(vf[k * rs.width + d]), _mm512_loadu_ps(probs + k * KEYS), acc);
+    _mm512_storeu_ps(ot + d * KEYS, acc);
+  }
+}
+
+// Keys [from, to) of one sequence (``table``) into the rows' state, group by group. Few rows
+// (decode) take two passes, as the keys' scores then the values (two streams read one after
+// the other, which memory serves faster); more rows (a tile) score and weigh each group in
+// turn, while it is in cache. Both are the recipe, to the bit. The next keys and values are
+// fetched meanwhile: blocks sit anywhere in the pool, where the hardware prefetcher does not follow.
+constexpr int64_t PREFETCH_KEYS = 32;
+constexpr int TWO_PASS_ROWS = 4;
+
+template <typename T>
+inline void prefetch_keys(const T* pool, const int64_t* table, int64_t from, int64_t to, int64_t bs, int64_t dim) {
+  for (int64_t p = from; p < to;) {
+    const int64_t end = std::min(to, (p / bs + 1) * bs), row0 = (table[p / bs] * bs + p % bs) * dim;
+    prefetch_lines<_MM_HINT_NTA>(pool + row0, (end - p) * dim * static_cast<int64_t>(sizeof(T)));
+    p = end;
+  }
+}
+
+// Calls each(first position, count, offset of the first key's row) group by group over [from, to),
+// the pool's next keys fetched ahead.
+template <typename T, typename Each>
+inline void for_each_group(const T* pool, const int64_t* table, int64_t from, int64_t to, int64_t bs, int64_t dim,
+                           Each each) {
+  int64_t kp = from / bs * bs + from % bs / KEYS * KEYS;  // the group holding ``from``
+  prefetch_keys(pool, table, kp, std::min(to, kp + PREFETCH_KEYS), bs, dim);
+  for (int64_t gi = 0; kp < to; ++gi) {
+    const int64_t blk = kp / bs;
+    const int n = static_cast<int>(std::min({static_cast<int64_t>(KEYS), (blk + 1) * bs - kp, to - kp}));
+    prefetch_keys(pool, table, std::min(to, kp + PREFETCH_KEYS), std::min(to, kp + n + PREFETCH_KEYS), bs, dim);
+    each(gi, kp, n, (table[blk] * bs + kp % bs) * dim);
+    kp += n;
+  }
+}
+
+template <typename T, int CH>
+void rows_over_keys_by(RowSet& rs, const T* pool_k, const T* pool_v, const int64_t* table, int64_t from, int64_t to,
+                       int64_t block_size, int64_t dim, RowScratch& scratch) {
+  const int64_t bs = block_size;
+  if (rs.n > TWO_PASS_ROWS) {
+    TileState st = TileState::of(rs, scratch);
+    float* scores = scratch.scores.data();
+    for_each_group(pool_k, table, from, to, bs, dim, [&](int64_t, int64_t kp, int n, int64_t row0) {
+      prefetch_keys(pool_v, table, kp, kp + n, bs, dim);
+      score_group<T, CH>(rs, pool_k + row0, n, dim, scores, KEYS);
+      tile_weigh_group(st, rs, scores, pool_v + row0, kp, n, dim, scratch);
+    });
+    st.put(rs);
+    return;
+  }
+  const int64_t first = from / bs * bs + from % bs / KEYS * KEYS, groups = (to - first + KEYS - 1) / KEYS + (to - first) / bs + 1;
+  const int64_t stride = groups * KEYS;  // an upper bound on the groups (a block's last may be short)
+  if (static_cast<int64_t>(scratch.all_scores.size()) < rs.n * stride) scratch.all_scores.resize(rs.n * stride);
+  float* scores = scratch.all_scores.data();
+  for_each_group(pool_k, table, from, to, bs, dim, [&](int64_t gi, int64_t, int n, int64_t row0) {
+    score_group<T, CH>(rs, pool_k + row0, n, dim, scores + gi * KEYS, stride);
+  });
+  for_each_group(pool_v, table, from, to, bs, dim, [&](int64_t gi, int64_t kp, int n, int64_t row0) {
+    weigh_group<T, CH>(rs, scores + gi * KEYS, stride, pool_v + row0, kp, n, dim, scratch);
+  });
+}
+
+// The same for any head size: compiled for 64 and 128, where most models are.
+template <typename T>
+void rows_over_keys(RowSet& rs, const T* pool_k, const T* pool_v, const int64_t* table, int64_t from, int64_t to,
+                    int64_t block_size, int64_t dim, RowScratch& scratch) {
+  switch (dim) {
+    case 4 * LANES: return rows_over_keys_by<T, 4>(rs, pool_k, pool_v, table, from, to, block_size, dim, scratch);
+    case 8 * LANES: return rows_over_keys_by<T, 8>(rs, pool_k, pool_v, table, from, to, block_size, dim, scratch);
+    default: return rows_over_keys_by<T, 0>(rs, pool_k, pool_v, table, from, to, block_size, dim, scratch);
+  }
+}
+
+// A decode task: one row's query heads of one KV head, keys [lo, hi); at most KEYS heads at a
+// time (each head is a row of its own: how they are grouped changes no bit).
+template <typename T>
+void attend_recipe(const Task<T>& t, const Shape& s, RowScratch& scratch) {
+  for (int64_t h0 = 0; h0 < s.group; h0 += KEYS) {
+    RowSet rs = scratch.start(static_cast<int>(std::min<int64_t>(KEYS, s.group - h0)));
+    for (int r = 0; r < rs.n; ++r) {
+      scale_query(t.q + (h0 + r) * t.q_stride, s.dim, s.scale, rs.qs + r * rs.width);
+      scratch.lo[r] = t.lo;
+      scratch.hi[r] = t.hi;
+    }
+    rows_over_keys(rs, t.k, t.v, t.table, t.lo, t.hi, s.block_size, s.dim, scratch);
+    for (int r = 0; r < rs.n; ++r)
+      write_row(rs.acc + r * rs.width, rs.run_sum[r], s.dim, t.out + (h0 + r) * t.out_stride);
   }
 }
 #endif
 
-template <typename T>
-void attend(const Task<T>& t, const Shape& s, bool vector, float* scores, float* query, float* acc) {
-#ifdef STEP14_AVX512
-  if (vector) {
-    if (const Attend<T> fixed = fixed_kernel<T>(s)) return fixed(t, s, scores, query, acc);
-    return attend_simd(t, s, scores, query, acc);
-  }
-#endif
-  attend_plain(t, s, scores, query, acc);
-}
 
 // The decode rows of one call: their query tokens, block tables and visible positions.
 struct Rows {
@@ -299,25 +488,35 @@ struct Rows {
   int64_t count, longest;
 };
 
-// Every (row, KV head) pair, spread over torch's threads.
+// Every (row, KV head) pair, spread over torch's threads: the row recipe where AVX-512 is there
+// (unless ``vector`` is false), else the plain loops.
 template <typename T>
 void attend_rows(const at::Tensor& q, const at::Tensor& pool_k, const at::Tensor& pool_v,
                  at::Tensor& out, const Rows& rows, const Shape& s, bool vector) {
   const int64_t kv_heads = pool_k.size(0), slots = pool_k.size(1), dim = s.dim, group = s.group;
-  const int64_t padded = (dim + 15) / 16 * 16;
   const T* qp = q.data_ptr<T>();
   const T* kp = pool_k.data_ptr<T>();
   const T* vp = pool_v.data_ptr<T>();
   T* op = out.data_ptr<T>();
   at::parallel_for(0, rows.count * kv_heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(group * rows.longest), query(group * padded), acc(group * padded);
+#ifdef STEP14_AVX512
+    std::unique_ptr<RowScratch> scratch = vector ? std::make_unique<RowScratch>(dim) : nullptr;
+#endif
+    std::vector<float> scores, query, acc;
+    if (!vector) scores.resize(group * rows.longest), query.resize(group * dim), acc.resize(group * dim);
     for (int64_t i = begin; i < end; ++i) {
       const int64_t b = i / kv_heads, h = i % kv_heads, r = rows.row[b];
       const Task<T> task{qp + r * q.stride(0) + h * group * q.stride(1), q.stride(1),
                          kp + h * slots * dim, vp + h * slots * dim, rows.table + b * rows.width,
                          rows.lo[b], rows.hi[b],
                          op + r * out.stride(0) + h * group * out.stride(1), out.stride(1)};
-      attend(task, s, vector, scores.data(), query.data(), acc.data());
+#ifdef STEP14_AVX512
+      if (vector) {
+        attend_recipe(task, s, *scratch);
+        continue;
+      }
+#endif
+      attend_plain(task, s, scores.data(), query.data(), acc.data());
     }
   });
 }
@@ -389,16 +588,12 @@ at::Tensor decode_attention(at::Tensor q, at::Tensor pool_k, at::Tensor pool_v,
 //
 // Prompt chunks over the paged pool: each chunk's queries attend causally (and within a
 // sliding window, if any) to its sequence's keys, cached prefix included, read from the
-// blocks. One task is a tile of 16 query rows (positions x the query heads of one KV head)
-// against every visible key, 16 keys at a time, with an online softmax. The tile is kept
-// transposed -- a lane per query row -- so scores, their maxima and sums are plain vector
-// ops, and keys and values enter as broadcasts: no horizontal sums.
+// blocks. One task is a tile of up to 16 query rows (positions x the query heads of one KV
+// head) that read each group of keys once, every row by the row recipe.
 
 namespace {
 
 #ifdef STEP14_AVX512
-constexpr int KEYS = 16;  // keys per group; also query rows per tile (one per lane)
-
 struct PrefillShape {
   int64_t block_size, group, dim, window;  // window 0: none
   float scale;
@@ -415,222 +610,71 @@ struct Chunks {
   int64_t width;
 };
 
-// keys [16][dim] float32 from rows first..first+count of one block (zeros past count).
-template <typename T>
-inline void load_keys(const T* rows, int64_t count, int64_t dim, float* dst) {
-  const int64_t chunks = (dim + LANES - 1) / LANES;
-  for (int64_t k = 0; k < KEYS; ++k)
-    for (int64_t c = 0; c < chunks; ++c) {
-      const __mmask16 m = k < count ? tail_mask(dim - c * LANES) : static_cast<__mmask16>(0);
-      _mm512_mask_storeu_ps(dst + k * dim + c * LANES, tail_mask(dim - c * LANES),
-                            load(rows + k * dim + c * LANES, m));
-    }
-}
-
-// The running softmax of a tile: per lane the largest score so far, the sum of exp(score -
-// that), and the weighted values [dim][16] (lane-minor).
-struct TileState {
-  __m512 run_max, run_sum;
-  float* ot;
-};
-
-// Scratch of one thread for tiles.
-struct TileScratch {
-  std::vector<float> qt, ot, kf, vf, probs;
-  explicit TileScratch(int64_t dim) : qt(dim * KEYS), ot(dim * KEYS), kf(KEYS * dim), vf(KEYS * dim), probs(KEYS * KEYS) {}
-};
-
-// Keys [from, to) of one sequence (``table``) into the tile's state: lane r sees key p when
-// p <= pos[r] and, with a window, p > pos[r] - window. qt: the scaled queries, [dim][16].
-template <typename T>
-void tile_over_keys(const float* qt, const T* pool_k, const T* pool_v, const int64_t* table, int64_t from,
-                    int64_t to, __m512i pos, const PrefillShape& s, TileState& st, TileScratch& scratch) {
-  const int64_t dim = s.dim, bs = s.block_size;
-  float *kf = scratch.kf.data(), *vf = scratch.vf.data(), *probs = scratch.probs.data(), *ot = st.ot;
-  const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
-  for (int64_t kp = from; kp < to;) {
-    const int64_t blk = kp / bs, count = std::min({to - kp, static_cast<int64_t>(KEYS), (blk + 1) * bs - kp});
-    const int64_t row0 = table[blk] * bs + kp % bs;
-    load_keys(pool_k + row0 * dim, count, dim, kf);
-    load_keys(pool_v + row0 * dim, count, dim, vf);
-    __m512 sc[KEYS];
-    for (int k = 0; k < KEYS; ++k) sc[k] = _mm512_setzero_ps();
-    for (int64_t d = 0; d < dim; ++d) {
-      const __m512 qd = _mm512_loadu_ps(qt + d * KEYS);
-      for (int k = 0; k < KEYS; ++k) sc[k] = _mm512_fmadd_ps(_mm512_set1_ps(kf[k * dim + d]), qd, sc[k]);
-    }
-    __mmask16 seen[KEYS];
-    __m512 top = st.run_max;
-    for (int k = 0; k < KEYS; ++k) {
-      const int32_t key = static_cast<int32_t>(kp + k);
-      __mmask16 ok = k < count ? _mm512_cmp_epi32_mask(pos, _mm512_set1_epi32(key), _MM_CMPINT_NLT) : 0;
-      if (s.window > 0)
-        ok &= _mm512_cmp_epi32_mask(pos, _mm512_set1_epi32(key + static_cast<int32_t>(s.window)), _MM_CMPINT_LT);
-      seen[k] = ok;
-      sc[k] = _mm512_mask_mov_ps(neg_inf, ok, sc[k]);
-      top = _mm512_max_ps(top, sc[k]);
-    }
-    const __mmask16 any = _mm512_cmp_ps_mask(top, neg_inf, _CMP_NEQ_OQ);  // lanes with a key so far
-    const __m512 safe_top = _mm512_maskz_mov_ps(any, top);
-    const __m512 alpha = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(st.run_max, neg_inf, _CMP_NEQ_OQ),
-                                             exp_nonpositive(_mm512_sub_ps(st.run_max, safe_top)));
-    __m512 total = _mm512_setzero_ps();
-    for (int k = 0; k < KEYS; ++k) {
-      const __m512 p = _mm512_maskz_mov_ps(seen[k], exp_nonpositive(_mm512_sub_ps(sc[k], safe_top)));
-      total = _mm512_add_ps(total, p);
-      _mm512_storeu_ps(probs + k * KEYS, p);
-    }
-    st.run_sum = _mm512_fmadd_ps(st.run_sum, alpha, total);
-    st.run_max = top;
-    int64_t d = 0;
-    for (; d + 8 <= dim; d += 8) {
-      __m512 acc[8];
-      for (int j = 0; j < 8; ++j) acc[j] = _mm512_mul_ps(_mm512_loadu_ps(ot + (d + j) * KEYS), alpha);
-      for (int k = 0; k < KEYS; ++k) {
-        const __m512 p = _mm512_loadu_ps(probs + k * KEYS);
-        for (int j = 0; j < 8; ++j) acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(vf[k * dim + d + j]), p, acc[j]);
-      }
-      for (int j = 0; j < 8; ++j) _mm512_storeu_ps(ot + (d + j) * KEYS, acc[j]);
-    }
-    for (; d < dim; ++d) {
-      __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(ot + d * KEYS), alpha);
-      for (int k = 0; k < KEYS; ++k)
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(vf[k * dim + d]), _mm512_loadu_ps(probs + k * KEYS), acc);
-      _mm512_storeu_ps(ot + d * KEYS, acc);
-    }
-    kp += count;
-  }
-}
-
-// A fresh tile: lane r's query row q_rows[r] (nullptr: an idle lane) scaled into qt [dim][16].
-template <typename T>
-TileState start_tile(const T* const* q_rows, const PrefillShape& s, TileScratch& scratch) {
-  for (int64_t d = 0; d < s.dim; ++d)
-    for (int r = 0; r < KEYS; ++r)
-      scratch.qt[d * KEYS + r] = q_rows[r] ? static_cast<float>(q_rows[r][d]) * s.scale : 0.f;
-  std::fill(scratch.ot.begin(), scratch.ot.end(), 0.f);
-  return TileState{_mm512_set1_ps(-INFINITY), _mm512_setzero_ps(), scratch.ot.data()};
-}
-
+// Row r of a tile: position first + r / g, query head kv_head * g + r % g.
 template <typename T>
 void prefill_tile(const T* q, int64_t q_row_stride, int64_t q_head_stride, const T* pool_k, const T* pool_v,
                   T* out, int64_t out_row_stride, int64_t out_head_stride, const Chunks& ch, const Tile& tile,
-                  const PrefillShape& s, TileScratch& scratch) {
+                  const PrefillShape& s, RowScratch& scratch) {
   const int64_t g = s.group, start = ch.start[tile.chunk], token0 = ch.first_token[tile.chunk];
-  // Lane r: position first + r / g, query head kv_head * g + r % g; lanes past the tile: -1.
-  alignas(64) int32_t lane_pos[KEYS];
-  const T* q_rows[KEYS];
-  for (int r = 0; r < KEYS; ++r) {
-    const int64_t p = r / g;
-    const bool used = p < tile.count && r < (KEYS / g) * g;
-    lane_pos[r] = used ? static_cast<int32_t>(tile.first + p) : -1;
-    q_rows[r] = used ? q + (token0 + tile.first + p - start) * q_row_stride + (tile.kv_head * g + r % g) * q_head_stride
-                     : nullptr;
+  RowSet rs = scratch.start(static_cast<int>(tile.count * g));
+  int64_t from = INT64_MAX, to = 0;
+  for (int r = 0; r < rs.n; ++r) {
+    const int64_t pos = tile.first + r / g, head = tile.kv_head * g + r % g;
+    scale_query(q + (token0 + pos - start) * q_row_stride + head * q_head_stride, s.dim, s.scale, rs.qs + r * rs.width);
+    scratch.lo[r] = s.window > 0 ? std::max<int64_t>(0, pos - s.window + 1) : 0;
+    scratch.hi[r] = pos + 1;
+    from = std::min(from, scratch.lo[r]);
+    to = std::max(to, scratch.hi[r]);
   }
-  TileState st = start_tile(q_rows, s, scratch);
-  const int64_t lo = s.window > 0 ? std::max<int64_t>(0, tile.first - s.window + 1) : 0;
-  tile_over_keys(scratch.qt.data(), pool_k, pool_v, ch.table + tile.chunk * ch.width, lo, tile.first + tile.count,
-                 _mm512_load_si512(lane_pos), s, st, scratch);
-  alignas(64) float sums[KEYS];
-  _mm512_store_ps(sums, st.run_sum);
-  for (int r = 0; r < KEYS; ++r) {
-    if (lane_pos[r] < 0) continue;
-    T* row = out + (token0 + lane_pos[r] - start) * out_row_stride + (tile.kv_head * g + r % g) * out_head_stride;
-    const float inv = 1.0f / sums[r];
-    for (int64_t d = 0; d < s.dim; ++d) row[d] = static_cast<T>(st.ot[d * KEYS + r] * inv);
+  rows_over_keys(rs, pool_k, pool_v, ch.table + tile.chunk * ch.width, from, to, s.block_size, s.dim, scratch);
+  for (int r = 0; r < rs.n; ++r) {
+    const int64_t pos = tile.first + r / g, head = tile.kv_head * g + r % g;
+    write_row(rs.acc + r * rs.width, rs.run_sum[r], s.dim,
+              out + (token0 + pos - start) * out_row_stride + head * out_head_stride);
   }
 }
 
 // ----------------------------------------------------------------------------- shared-prefix decode
 //
-// Decode rows that all hold the same leading blocks: a tile's lanes are the query heads of up
-// to 16 / group rows, so the shared keys are read once per tile and scored for all of them;
-// each row's own keys then continue its lanes' softmax by dots, as the decode kernel does.
-
-// One (row, KV head): its lanes [lane0, lane0 + group) of the tile after the shared keys; its
-// own keys [t.lo, t.hi) finish the softmax; writes the group's output rows.
-template <typename T>
-void finish_own(const float* qt, const TileState& st, int lane0, const Task<T>& t, const Shape& s,
-                std::vector<float>& scores, std::vector<float>& query, std::vector<float>& acc) {
-  const int64_t count = t.hi - t.lo, group = s.group, dim = s.dim;
-  const int64_t chunks = (dim + LANES - 1) / LANES, width = chunks * LANES;
-  const __mmask16 last = tail_mask(dim - (chunks - 1) * LANES);
-  auto mask = [&](int64_t c) { return c + 1 == chunks ? last : static_cast<__mmask16>(0xFFFF); };
-  alignas(64) float shared_max[KEYS], shared_sum[KEYS];
-  _mm512_store_ps(shared_max, st.run_max);
-  _mm512_store_ps(shared_sum, st.run_sum);
-  scores.resize(std::max<int64_t>(1, group * count));
-  std::fill(query.begin(), query.end(), 0.f);
-  for (int64_t g = 0; g < group; ++g)
-    for (int64_t d = 0; d < dim; ++d) query[g * width + d] = qt[d * KEYS + lane0 + g];  // scaled already
-  for_each_key(t.k, t, s, [&](int64_t p, const T* row) {
-    for (int64_t g = 0; g < group; ++g) {
-      __m512 a = _mm512_setzero_ps();
-      for (int64_t c = 0; c < chunks; ++c)
-        a = _mm512_fmadd_ps(_mm512_loadu_ps(query.data() + g * width + c * LANES), load(row + c * LANES, mask(c)), a);
-      scores[g * count + (p - t.lo)] = _mm512_reduce_add_ps(a);
-    }
-  });
-  std::vector<float> total(group);
-  for (int64_t g = 0; g < group; ++g) {
-    float* sg = scores.data() + g * count;
-    float top = shared_max[lane0 + g];
-    for (int64_t j = 0; j < count; ++j) top = std::max(top, sg[j]);
-    const float carried = std::exp(shared_max[lane0 + g] - top);
-    float sum = shared_sum[lane0 + g] * carried;
-    for (int64_t j = 0; j < count; ++j) sum += (sg[j] = std::exp(sg[j] - top));
-    total[g] = sum;
-    for (int64_t d = 0; d < width; ++d) acc[g * width + d] = d < dim ? st.ot[d * KEYS + lane0 + g] * carried : 0.f;
-  }
-  for_each_key(t.v, t, s, [&](int64_t p, const T* row) {
-    for (int64_t c = 0; c < chunks; ++c) {
-      const __m512 value = load(row + c * LANES, mask(c));
-      for (int64_t g = 0; g < group; ++g) {
-        float* a = acc.data() + g * width + c * LANES;
-        _mm512_storeu_ps(a, _mm512_fmadd_ps(_mm512_set1_ps(scores[g * count + (p - t.lo)]), value, _mm512_loadu_ps(a)));
-      }
-    }
-  });
-  for (int64_t g = 0; g < group; ++g)
-    for (int64_t d = 0; d < dim; ++d) t.out[g * t.out_stride + d] = static_cast<T>(acc[g * width + d] / total[g]);
-}
-
+// Decode rows that all hold the same leading blocks: a tile holds the query heads of up to
+// 16 / group rows, so the shared keys are read once per tile and scored for all of them; each
+// row's own keys then continue its rows' state. Shared keys end on a block boundary, where a
+// group ends too, so every row is computed exactly as the decode kernel computes it.
 template <typename T>
 void shared_decode_rows(const at::Tensor& q, const at::Tensor& pool_k, const at::Tensor& pool_v, at::Tensor& out,
                         const Rows& rows, int64_t shared_keys, const PrefillShape& ps) {
   const int64_t kv_heads = pool_k.size(0), slots = pool_k.size(1), dim = ps.dim, g = ps.group;
   const int64_t per_tile = KEYS / g, tiles_per_head = (rows.count + per_tile - 1) / per_tile;
-  const Shape s{ps.block_size, g, dim, ps.scale};
   const T* qp = q.data_ptr<T>();
   const T* kp = pool_k.data_ptr<T>();
   const T* vp = pool_v.data_ptr<T>();
   T* op = out.data_ptr<T>();
-  const int64_t n = kv_heads * tiles_per_head, width = (dim + LANES - 1) / LANES * LANES;
+  const int64_t n = kv_heads * tiles_per_head;
 #pragma omp parallel num_threads(std::max(1, at::get_num_threads()))
   {
-    TileScratch scratch(dim);
-    std::vector<float> scores, query(g * width), acc(g * width);
+    RowScratch scratch(dim);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < n; ++i) {
       const int64_t h = i / tiles_per_head, b0 = (i % tiles_per_head) * per_tile;
       const int64_t seqs = std::min(per_tile, rows.count - b0);
       const T* k_head = kp + h * slots * dim;
       const T* v_head = vp + h * slots * dim;
-      alignas(64) int32_t lane_pos[KEYS];
-      const T* q_rows[KEYS];
-      for (int r = 0; r < KEYS; ++r) {
-        const bool used = r / g < seqs && r < per_tile * g;
-        lane_pos[r] = used ? (1 << 30) : -1;  // every shared key is before every row's query
-        q_rows[r] = used ? qp + rows.row[b0 + r / g] * q.stride(0) + (h * g + r % g) * q.stride(1) : nullptr;
+      RowSet rs = scratch.start(static_cast<int>(seqs * g));
+      for (int r = 0; r < rs.n; ++r) {
+        const int64_t b = b0 + r / g;
+        scale_query(qp + rows.row[b] * q.stride(0) + (h * g + r % g) * q.stride(1), dim, ps.scale, rs.qs + r * rs.width);
+        scratch.lo[r] = 0;
+        scratch.hi[r] = rows.hi[b];
       }
-      TileState st = start_tile(q_rows, ps, scratch);
-      tile_over_keys(scratch.qt.data(), k_head, v_head, rows.table + b0 * rows.width, 0, shared_keys,
-                     _mm512_load_si512(lane_pos), ps, st, scratch);
+      rows_over_keys(rs, k_head, v_head, rows.table + b0 * rows.width, 0, shared_keys, ps.block_size, dim, scratch);
       for (int64_t j = 0; j < seqs; ++j) {
-        const int64_t b = b0 + j, r = rows.row[b];
-        const Task<T> task{nullptr, 0, k_head, v_head, rows.table + b * rows.width, shared_keys, rows.hi[b],
-                           op + r * out.stride(0) + h * g * out.stride(1), out.stride(1)};
-        finish_own(scratch.qt.data(), st, static_cast<int>(j * g), task, s, scores, query, acc);
+        const int64_t b = b0 + j;
+        RowSet own = rs.rows(static_cast<int>(j * g), static_cast<int>(g));
+        rows_over_keys(own, k_head, v_head, rows.table + b * rows.width, shared_keys, rows.hi[b], ps.block_size, dim,
+                       scratch);
+        for (int r = 0; r < own.n; ++r)
+          write_row(own.acc + r * own.width, own.run_sum[r], dim,
+                    op + rows.row[b] * out.stride(0) + (h * g + r) * out.stride(1));
       }
     }
   }
@@ -648,7 +692,7 @@ void prefill_tiles(const at::Tensor& q, const at::Tensor& pool_k, const at::Tens
   // Causal tiles differ in cost (a late tile sees more keys): hand them out one at a time.
 #pragma omp parallel num_threads(std::max(1, at::get_num_threads()))
   {
-    TileScratch scratch(dim);
+    RowScratch scratch(dim);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < n; ++i) {
       const Tile& t = tiles[i];

@@ -1,10 +1,11 @@
-// Linears on 8-bit weights (int8, one float32 scale per output row) for a few input rows, a
-// decode step of one to eight sequences, where a linear is a read of its weights: each int8
-// weight row is streamed once, widened to float32 in registers (exact: |q| <= 127) and
+// Linears on 8-bit weights (int8, one float32 scale per output row) with exact activations: each
+// int8 weight row is streamed once, widened to float32 in registers (exact: |q| <= 127) and
 // fused-multiply-added with every input row (in float32); the sums are multiplied by the row's
-// scale and rounded once to the input's dtype. Up to four weight rows share each input load. Also the
-// dequantized weight, for the matmul path of more rows. Built where the compiler targets
-// AVX-512 (``int8_linear_available``).
+// scale and rounded once to the input's dtype. Up to four weight rows share each input load.
+// A row's sum is computed the same way at every row count (MAX_ROWS input rows at a time, over
+// tiles of weight rows that stay in cache), so its bits do not depend on the rows beside it.
+// Also the dequantized weight, for the matmul path of many bfloat16 rows. Built where the
+// compiler targets AVX-512 (``int8_linear_available``).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -38,22 +39,6 @@ inline __m512 widen16(const int8_t* w, __mmask16 m) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, w)));
 }
 
-// One input row, one weight row, four partial sums (a lone row's dots must not wait on each other).
-inline float dot_one(const float* x, int64_t k, const int8_t* w) {
-  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-  int64_t c = 0;
-  for (; c + 64 <= k; c += 64) {
-    _mm_prefetch(reinterpret_cast<const char*>(w + c) + PREFETCH_BYTES, _MM_HINT_NTA);
-    for (int j = 0; j < 4; ++j)
-      acc[j] = _mm512_fmadd_ps(widen16(w + c + 16 * j, 0xFFFFu), _mm512_loadu_ps(x + c + 16 * j), acc[j]);
-  }
-  for (; c < k; c += 16) {
-    const __mmask16 m = tail_mask(k - c);
-    acc[0] = _mm512_fmadd_ps(widen16(w + c, m), _mm512_maskz_loadu_ps(m, x + c), acc[0]);
-  }
-  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
-}
-
 // R weight rows against M input rows: each 16 weights of a row are widened once and used by
 // every input row; each input load is used by R weight rows. R * M sums stay in registers.
 template <int M, int R>
@@ -85,35 +70,49 @@ inline void dot_block(const float* x, int64_t k, const int8_t* const* w, float* 
     for (int m = 0; m < M; ++m) sums[m * stride + r] = _mm512_reduce_add_ps(acc[r][m]);
 }
 
-// sums [M, rows] for weight rows [first, first + rows), R at a time (the last block repeats
-// its last row where fewer are left; those sums are dropped).
+// sums [M, rows] (row stride ``stride``) for weight rows [first, first + rows), R at a time (the
+// last block repeats its last row where fewer are left; those sums are dropped).
 template <int M, int R>
-void dot_rows_by(const float* x, int64_t k, const int8_t* w, int64_t first, int64_t rows, float* sums) {
+void dot_rows_by(const float* x, int64_t k, const int8_t* w, int64_t first, int64_t rows, float* sums,
+                 int64_t stride) {
   float part[M * R];
   for (int64_t r = 0; r < rows; r += R) {
     const int8_t* block[R];
     for (int j = 0; j < R; ++j) block[j] = w + (first + std::min(r + j, rows - 1)) * k;
     dot_block<M, R>(x, k, block, part, R);
     for (int m = 0; m < M; ++m)
-      for (int j = 0; j < R && r + j < rows; ++j) sums[m * rows + r + j] = part[m * R + j];
+      for (int j = 0; j < R && r + j < rows; ++j) sums[m * stride + r + j] = part[m * R + j];
   }
 }
 
-// sums [m, rows] (unscaled) for weight rows [first, first + rows).
-void dot_rows(const float* x, int64_t m, int64_t k, const int8_t* w, int64_t first, int64_t rows, float* sums) {
+// Up to MAX_ROWS input rows: a row's sum is one fma chain per lane, then one reduction, at
+// every row count -- so a row's result does not depend on the rows beside it.
+void dot_few_rows(const float* x, int64_t m, int64_t k, const int8_t* w, int64_t first, int64_t rows, float* sums,
+                  int64_t stride) {
   switch (m) {
-    case 1:
-      for (int64_t r = 0; r < rows; ++r) sums[r] = dot_one(x, k, w + (first + r) * k);
-      return;
-    case 2: return dot_rows_by<2, 4>(x, k, w, first, rows, sums);
-    case 3: return dot_rows_by<3, 4>(x, k, w, first, rows, sums);
-    case 4: return dot_rows_by<4, 4>(x, k, w, first, rows, sums);
-    case 5: return dot_rows_by<5, 2>(x, k, w, first, rows, sums);
-    case 6: return dot_rows_by<6, 2>(x, k, w, first, rows, sums);
-    case 7: return dot_rows_by<7, 2>(x, k, w, first, rows, sums);
-    case 8: return dot_rows_by<8, 2>(x, k, w, first, rows, sums);
-    default: TORCH_CHECK(false, "int8_linear: ", m, " rows");  // the entry point refuses these first
+    case 1: return dot_rows_by<1, 4>(x, k, w, first, rows, sums, stride);
+    case 2: return dot_rows_by<2, 4>(x, k, w, first, rows, sums, stride);
+    case 3: return dot_rows_by<3, 4>(x, k, w, first, rows, sums, stride);
+    case 4: return dot_rows_by<4, 4>(x, k, w, first, rows, sums, stride);
+    case 5: return dot_rows_by<5, 2>(x, k, w, first, rows, sums, stride);
+    case 6: return dot_rows_by<6, 2>(x, k, w, first, rows, sums, stride);
+    case 7: return dot_rows_by<7, 2>(x, k, w, first, rows, sums, stride);
+    case 8: return dot_rows_by<8, 2>(x, k, w, first, rows, sums, stride);
+    default: TORCH_CHECK(false, "int8_linear: ", m, " rows at once");
   }
+}
+
+// sums [m, rows] (unscaled) for weight rows [first, first + rows). More than MAX_ROWS input rows
+// go MAX_ROWS at a time over a tile of TILE weight rows, which stays in cache meanwhile: the
+// weight is read from memory once.
+constexpr int64_t TILE = 32;
+
+void dot_rows(const float* x, int64_t m, int64_t k, const int8_t* w, int64_t first, int64_t rows, float* sums) {
+  if (m <= MAX_ROWS) return dot_few_rows(x, m, k, w, first, rows, sums, rows);
+  for (int64_t t = 0; t < rows; t += TILE)
+    for (int64_t i = 0; i < m; i += MAX_ROWS)
+      dot_few_rows(x + i * k, std::min(MAX_ROWS, m - i), k, w, first + t, std::min(TILE, rows - t),
+                   sums + i * rows + t, rows);
 }
 #endif
 
@@ -127,7 +126,7 @@ bool int8_linear_available() {
 #endif
 }
 
-// x [M, K] bfloat16 or float32 (M <= 8), weight [N, K] int8 contiguous, scale [N], bias [N]
+// x [M, K] bfloat16 or float32 (any M; MAX_ROWS at a time), weight [N, K] int8 contiguous, scale [N], bias [N]
 // or undefined. Row n of the weight is weight[n] * scale[n]. silu_mul: the weight is a gate and
 // an up projection stacked ([2I, K]); returns silu(x gate^T) * (x up^T) [M, I], else
 // x weight^T + bias [M, N], in x's dtype. Float32 sums, one rounding.
@@ -136,7 +135,6 @@ at::Tensor int8_linear(const at::Tensor& x_in, const at::Tensor& weight, const a
   TORCH_CHECK(int8_linear_available(), "int8_linear: built without AVX-512");
   TORCH_CHECK(x_in.dim() == 2 && weight.dim() == 2 && x_in.size(1) == weight.size(1),
               "int8_linear: x [M, K] and weight [N, K]");
-  TORCH_CHECK(x_in.size(0) <= MAX_ROWS, "int8_linear: at most ", MAX_ROWS, " rows");
   TORCH_CHECK((x_in.scalar_type() == at::kBFloat16 || x_in.scalar_type() == at::kFloat) &&
                   weight.scalar_type() == at::kChar && weight.is_contiguous() && x_in.device().is_cpu() &&
                   weight.device().is_cpu(),

@@ -142,7 +142,7 @@ void copy_rows(const uint8_t* w, const at::Half* ws, int64_t row_bytes, int64_t 
     const int64_t bytes = std::min<int64_t>(64, row_bytes - u * 64);
     if (next_count > 0) {
       const char* ahead = reinterpret_cast<const char*>(w + next * row_bytes + u * 64);
-      for (int i = 0; i < next_count; ++i, ahead += row_bytes) _mm_prefetch(ahead, _MM_HINT_T0);
+      for (int i = 0; i < next_count; ++i, ahead += row_bytes) prefetch_lines<_MM_HINT_T0>(ahead, 1);
     }
     __m512i r[16];
     const uint8_t* src = w + first * row_bytes + u * 64;
@@ -163,7 +163,7 @@ void copy_rows(const uint8_t* w, const at::Half* ws, int64_t row_bytes, int64_t 
     for (int64_t g = 0; g < nb; g += 16) {
       const __mmask16 m = tail_mask(nb - g);
       for (int i = 0; i < next_count; ++i)
-        _mm_prefetch(reinterpret_cast<const char*>(ws + (next + i) * nb + g), _MM_HINT_T0);
+        prefetch_lines<_MM_HINT_T0>(ws + (next + i) * nb + g, 1);
       __m512i r[16];
       for (int i = 0; i < 16; ++i)
         r[i] = i < count ? _mm512_castps_si512(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, ws + (first + i) * nb + g)))

@@ -30,3 +30,15 @@ inline __m512 exp_nonpositive(__m512 x) {
   const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
   return _mm512_scalef_ps(y, n);
 }
+
+// Fetches the cache lines of [p, p + bytes) ahead of use (Hint: an _MM_HINT_*). The empty
+// volatile asm keeps the loop: GCC counts a prefetch as no effect and may delete a finite loop
+// that only prefetches.
+template <int Hint>
+inline void prefetch_lines(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t i = 0; i < bytes; i += 64) {
+    _mm_prefetch(c + i, static_cast<decltype(_MM_HINT_NTA)>(Hint));
+    asm volatile("");
+  }
+}
