@@ -95,7 +95,6 @@ inline __m512 load(const c10::Half* p, __mmask16 m) {
   return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
 }
 
-
 // ----------------------------------------------------------------------------- the row recipe
 //
 // Every AVX-512 kernel below computes a query row (one query head at one position) by this one
@@ -407,17 +406,21 @@ inline void prefetch_keys(const T* pool, const int64_t* table, int64_t from, int
   }
 }
 
-// Calls each(first position, count, offset of the first key's row) group by group over [from, to),
-// the pool's next keys fetched ahead.
+// Calls each(group index, first position, count, offset of the first key's row) group by group
+// over [from, to), the next rows of ``pool`` (and of ``also``, if given) fetched ahead.
 template <typename T, typename Each>
-inline void for_each_group(const T* pool, const int64_t* table, int64_t from, int64_t to, int64_t bs, int64_t dim,
-                           Each each) {
+inline void for_each_group(const T* pool, const T* also, const int64_t* table, int64_t from, int64_t to,
+                           int64_t bs, int64_t dim, Each each) {
+  const auto fetch = [&](int64_t a, int64_t b) {
+    prefetch_keys(pool, table, a, b, bs, dim);
+    if (also) prefetch_keys(also, table, a, b, bs, dim);
+  };
   int64_t kp = from / bs * bs + from % bs / KEYS * KEYS;  // the group holding ``from``
-  prefetch_keys(pool, table, kp, std::min(to, kp + PREFETCH_KEYS), bs, dim);
+  fetch(kp, std::min(to, kp + PREFETCH_KEYS));
   for (int64_t gi = 0; kp < to; ++gi) {
     const int64_t blk = kp / bs;
     const int n = static_cast<int>(std::min({static_cast<int64_t>(KEYS), (blk + 1) * bs - kp, to - kp}));
-    prefetch_keys(pool, table, std::min(to, kp + PREFETCH_KEYS), std::min(to, kp + n + PREFETCH_KEYS), bs, dim);
+    fetch(std::min(to, kp + PREFETCH_KEYS), std::min(to, kp + n + PREFETCH_KEYS));
     each(gi, kp, n, (table[blk] * bs + kp % bs) * dim);
     kp += n;
   }
@@ -430,8 +433,7 @@ void rows_over_keys_by(RowSet& rs, const T* pool_k, const T* pool_v, const int64
   if (rs.n > TWO_PASS_ROWS) {
     TileState st = TileState::of(rs, scratch);
     float* scores = scratch.scores.data();
-    for_each_group(pool_k, table, from, to, bs, dim, [&](int64_t, int64_t kp, int n, int64_t row0) {
-      prefetch_keys(pool_v, table, kp, kp + n, bs, dim);
+    for_each_group(pool_k, pool_v, table, from, to, bs, dim, [&](int64_t, int64_t kp, int n, int64_t row0) {
       score_group<T, CH>(rs, pool_k + row0, n, dim, scores, KEYS);
       tile_weigh_group(st, rs, scores, pool_v + row0, kp, n, dim, scratch);
     });
@@ -442,10 +444,12 @@ void rows_over_keys_by(RowSet& rs, const T* pool_k, const T* pool_v, const int64
   const int64_t stride = groups * KEYS;  // an upper bound on the groups (a block's last may be short)
   if (static_cast<int64_t>(scratch.all_scores.size()) < rs.n * stride) scratch.all_scores.resize(rs.n * stride);
   float* scores = scratch.all_scores.data();
-  for_each_group(pool_k, table, from, to, bs, dim, [&](int64_t gi, int64_t, int n, int64_t row0) {
+  for_each_group(pool_k, static_cast<const T*>(nullptr), table, from, to, bs, dim,
+                 [&](int64_t gi, int64_t, int n, int64_t row0) {
     score_group<T, CH>(rs, pool_k + row0, n, dim, scores + gi * KEYS, stride);
   });
-  for_each_group(pool_v, table, from, to, bs, dim, [&](int64_t gi, int64_t kp, int n, int64_t row0) {
+  for_each_group(pool_v, static_cast<const T*>(nullptr), table, from, to, bs, dim,
+                 [&](int64_t gi, int64_t kp, int n, int64_t row0) {
     weigh_group<T, CH>(rs, scores + gi * KEYS, stride, pool_v + row0, kp, n, dim, scratch);
   });
 }
@@ -478,7 +482,6 @@ void attend_recipe(const Task<T>& t, const Shape& s, RowScratch& scratch) {
   }
 }
 #endif
-
 
 // The decode rows of one call: their query tokens, block tables and visible positions.
 struct Rows {
