@@ -1,7 +1,7 @@
 // Linears on 8-bit weights (int8, one float32 scale per output row) with exact activations: each
 // int8 weight row is streamed once, widened to float32 in registers (exact: |q| <= 127) and
 // fused-multiply-added with every input row (in float32); the sums are multiplied by the row's
-// scale and rounded once to the input's dtype. Up to four weight rows share each input load.
+// scale and rounded once to the input's dtype. Up to eight weight rows share each input load.
 // A row's sum is computed the same way at every row count (MAX_ROWS input rows at a time, over
 // tiles of weight rows that stay in cache), so its bits do not depend on the rows beside it.
 // Also the dequantized weight, for the matmul path of many bfloat16 rows. Built where the
@@ -42,14 +42,14 @@ inline __m512 widen16(const int8_t* w, __mmask16 m) {
 // R weight rows against M input rows: each 16 weights of a row are widened once and used by
 // every input row; each input load is used by R weight rows. R * M sums stay in registers.
 template <int M, int R>
-inline void dot_block(const float* x, int64_t k, const int8_t* const* w, float* sums, int64_t stride) {
+inline void dot_block(const float* x, int64_t k, const int8_t* const* w, float* sums, int64_t stride, int64_t ahead) {
   __m512 acc[R][M];
   for (int r = 0; r < R; ++r)
     for (int m = 0; m < M; ++m) acc[r][m] = _mm512_setzero_ps();
   int64_t c = 0;
   for (; c + 16 <= k; c += 16) {
     if ((c & 63) == 0)
-      for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(w[r] + c) + PREFETCH_BYTES, _MM_HINT_NTA);
+      for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(w[r] + c + ahead), _MM_HINT_NTA);
     __m512 ws[R];
     for (int r = 0; r < R; ++r) ws[r] = widen16(w[r] + c, 0xFFFFu);
     for (int m = 0; m < M; ++m) {
@@ -76,10 +76,14 @@ template <int M, int R>
 void dot_rows_by(const float* x, int64_t k, const int8_t* w, int64_t first, int64_t rows, float* sums,
                  int64_t stride) {
   float part[M * R];
+  // Each row fetches a whole number of blocks ahead (twice PREFETCH_BYTES at least, measured):
+  // R rows are read side by side, so a fixed distance ahead of one row can land in a row the
+  // block is reading now, and nothing is fetched ahead at all.
+  const int64_t ahead = (2 * PREFETCH_BYTES + R * k - 1) / (R * k) * (R * k);
   for (int64_t r = 0; r < rows; r += R) {
     const int8_t* block[R];
     for (int j = 0; j < R; ++j) block[j] = w + (first + std::min(r + j, rows - 1)) * k;
-    dot_block<M, R>(x, k, block, part, R);
+    dot_block<M, R>(x, k, block, part, R, ahead);
     for (int m = 0; m < M; ++m)
       for (int j = 0; j < R && r + j < rows; ++j) sums[m * stride + r + j] = part[m * R + j];
   }
@@ -90,7 +94,7 @@ void dot_rows_by(const float* x, int64_t k, const int8_t* w, int64_t first, int6
 void dot_few_rows(const float* x, int64_t m, int64_t k, const int8_t* w, int64_t first, int64_t rows, float* sums,
                   int64_t stride) {
   switch (m) {
-    case 1: return dot_rows_by<1, 4>(x, k, w, first, rows, sums, stride);
+    case 1: return dot_rows_by<1, 8>(x, k, w, first, rows, sums, stride);
     case 2: return dot_rows_by<2, 4>(x, k, w, first, rows, sums, stride);
     case 3: return dot_rows_by<3, 4>(x, k, w, first, rows, sums, stride);
     case 4: return dot_rows_by<4, 4>(x, k, w, first, rows, sums, stride);
