@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
@@ -106,6 +107,8 @@ inline __m512 load(const c10::Half* p, __mmask16 m) {
 //     skips a group without a key it sees, and gives probability 0 to the keys it does not see;
 //   * score = (q * scale) . k: per lane the products of one dim lane chained by fma over the
 //     head's 16-wide chunks (zeros past dim), the 16 lanes summed by one fixed tree (sum4's);
+//     bfloat16 with AVX-512 BF16: (q . k) * scale, per lane a chain of pair dots over 32-wide
+//     chunks of q's own bits, the same tree, then the scale (PAIR_DOTS);
 //   * an online softmax, group by group: top = max(run max, scores), alpha = exp(run max - top),
 //     p = exp(score - top), run sum = run sum * alpha + tree(p) (one fma), values = values * alpha
 //     then + p_k * v_k key by key, in position order;
@@ -138,10 +141,11 @@ struct RowSet {
   int64_t width;
   float *qs, *acc, *run_max, *run_sum;
   const int64_t *lo, *hi;
+  float scale;  // the scores' factor where the queries are kept unscaled (bfloat16 pairs, below)
 
   RowSet rows(int first, int count) const {
     return RowSet{count, width, qs + first * width, acc + first * width, run_max + first, run_sum + first,
-                  lo + first, hi + first};
+                  lo + first, hi + first, scale};
   }
 };
 
@@ -154,17 +158,37 @@ struct RowScratch {
       : width((dim + LANES - 1) / LANES * LANES), qs(KEYS * width), acc(KEYS * width), run_max(KEYS),
         run_sum(KEYS), scores(KEYS * KEYS), probs(KEYS * KEYS), alpha(KEYS), vf(KEYS * width), lo(KEYS), hi(KEYS) {}
 
-  RowSet start(int n) {
+  RowSet start(int n, float scale) {
     std::fill(acc.begin(), acc.begin() + n * width, 0.f);
     std::fill(run_max.begin(), run_max.begin() + n, -INFINITY);
     std::fill(run_sum.begin(), run_sum.begin() + n, 0.f);
-    return RowSet{n, width, qs.data(), acc.data(), run_max.data(), run_sum.data(), lo.data(), hi.data()};
+    return RowSet{n, width, qs.data(), acc.data(), run_max.data(), run_sum.data(), lo.data(), hi.data(), scale};
   }
 };
 
-// Row r's scaled query: q * scale, zeros past dim.
+// Bfloat16 scores by AVX-512 BF16's pair dot product (vdpbf16ps: 32 products an instruction, where
+// an fma takes 16): the query stays bfloat16 and the sum is scaled after the tree. Every kernel
+// takes the same path, so a row's bits stay one recipe's on this CPU.
+#if defined(__AVX512BF16__)
+template <typename T>
+constexpr bool PAIR_DOTS = std::is_same_v<T, c10::BFloat16>;
+#else
+template <typename T>
+constexpr bool PAIR_DOTS = false;
+#endif
+
+// Row r's query as score_rows reads it: q * scale in float32 (zeros past dim), or for pair dots
+// q's own bfloat16 bits, zeros past dim to the next 32.
 template <typename T>
 inline void scale_query(const T* q, int64_t dim, float scale, float* dst) {
+  if constexpr (PAIR_DOTS<T>) {
+    auto* bits = reinterpret_cast<uint16_t*>(dst);
+    for (int64_t c = 0; c * 32 < dim; ++c) {
+      const __mmask32 m = dim - c * 32 >= 32 ? ~0u : (1u << (dim - c * 32)) - 1;
+      _mm512_storeu_si512(bits + c * 32, _mm512_maskz_loadu_epi16(m, q + c * 32));
+    }
+    return;
+  }
   const __m512 s = _mm512_set1_ps(scale);
   for (int64_t c = 0; c * LANES < dim; ++c)
     _mm512_storeu_ps(dst + c * LANES, _mm512_mul_ps(load(q + c * LANES, tail_mask(dim - c * LANES)), s));
@@ -185,6 +209,34 @@ inline void write_row(const float* acc, float run_sum, int64_t dim, T* out) {
 // CH: the head's chunks of 16 where the compiler knows them (full loads, unrolled), 0 for any.
 template <typename T, int CH, int RB>
 void score_rows(const RowSet& rs, int r0, const T* k0, int n, int64_t dim, float* scores, int64_t stride) {
+#if defined(__AVX512BF16__)
+  if constexpr (PAIR_DOTS<T>) {  // the same, 32 dims a step: chunks of 32, per lane a chain of pair dots
+    const int64_t pairs = CH ? (CH + 1) / 2 : (dim + 31) / 32;
+    const int64_t rest = dim - (pairs - 1) * 32;
+    const __mmask32 last = rest >= 32 ? ~0u : (1u << rest) - 1;
+    const auto* qbits = reinterpret_cast<const uint16_t*>(rs.qs);
+    const __m128 scale = _mm_set1_ps(rs.scale);
+    for (int kq = 0; kq < n; kq += 4) {
+      const T* rows[4];
+      for (int j = 0; j < 4; ++j) rows[j] = k0 + std::min(kq + j, n - 1) * dim;  // past n: scored, unused
+      __m512 a[RB][4];
+      for (int r = 0; r < RB; ++r)
+        for (int j = 0; j < 4; ++j) a[r][j] = _mm512_setzero_ps();
+      for (int64_t c = 0; c < pairs; ++c) {
+        const __mmask32 m = c + 1 == pairs ? last : ~0u;
+        __m512bh k[4];
+        for (int j = 0; j < 4; ++j) k[j] = (__m512bh)_mm512_maskz_loadu_epi16(m, rows[j] + c * 32);
+        for (int r = 0; r < RB; ++r) {
+          const __m512bh q = (__m512bh)_mm512_loadu_si512(qbits + (r0 + r) * 2 * rs.width + c * 32);
+          for (int j = 0; j < 4; ++j) a[r][j] = _mm512_dpbf16_ps(a[r][j], q, k[j]);
+        }
+      }
+      for (int r = 0; r < RB; ++r)
+        _mm_storeu_ps(scores + r * stride + kq, _mm_mul_ps(sum4(a[r][0], a[r][1], a[r][2], a[r][3]), scale));
+    }
+    return;
+  }
+#endif
   const int64_t chunks = CH ? CH : (dim + LANES - 1) / LANES;
   const __mmask16 last = CH ? static_cast<__mmask16>(0xFFFF) : tail_mask(dim - (chunks - 1) * LANES);
   for (int kq = 0; kq < n; kq += 4) {
@@ -470,7 +522,7 @@ void rows_over_keys(RowSet& rs, const T* pool_k, const T* pool_v, const int64_t*
 template <typename T>
 void attend_recipe(const Task<T>& t, const Shape& s, RowScratch& scratch) {
   for (int64_t h0 = 0; h0 < s.group; h0 += KEYS) {
-    RowSet rs = scratch.start(static_cast<int>(std::min<int64_t>(KEYS, s.group - h0)));
+    RowSet rs = scratch.start(static_cast<int>(std::min<int64_t>(KEYS, s.group - h0)), s.scale);
     for (int r = 0; r < rs.n; ++r) {
       scale_query(t.q + (h0 + r) * t.q_stride, s.dim, s.scale, rs.qs + r * rs.width);
       scratch.lo[r] = t.lo;
@@ -619,7 +671,7 @@ void prefill_tile(const T* q, int64_t q_row_stride, int64_t q_head_stride, const
                   T* out, int64_t out_row_stride, int64_t out_head_stride, const Chunks& ch, const Tile& tile,
                   const PrefillShape& s, RowScratch& scratch) {
   const int64_t g = s.group, start = ch.start[tile.chunk], token0 = ch.first_token[tile.chunk];
-  RowSet rs = scratch.start(static_cast<int>(tile.count * g));
+  RowSet rs = scratch.start(static_cast<int>(tile.count * g), s.scale);
   int64_t from = INT64_MAX, to = 0;
   for (int r = 0; r < rs.n; ++r) {
     const int64_t pos = tile.first + r / g, head = tile.kv_head * g + r % g;
@@ -662,7 +714,7 @@ void shared_decode_rows(const at::Tensor& q, const at::Tensor& pool_k, const at:
       const int64_t seqs = std::min(per_tile, rows.count - b0);
       const T* k_head = kp + h * slots * dim;
       const T* v_head = vp + h * slots * dim;
-      RowSet rs = scratch.start(static_cast<int>(seqs * g));
+      RowSet rs = scratch.start(static_cast<int>(seqs * g), ps.scale);
       for (int r = 0; r < rs.n; ++r) {
         const int64_t b = b0 + r / g;
         scale_query(qp + rows.row[b] * q.stride(0) + (h * g + r % g) * q.stride(1), dim, ps.scale, rs.qs + r * rs.width);
