@@ -4,6 +4,11 @@
 
 #include <cstdint>
 
+// Before a loop over a kernel's register array (accumulators [R][M], R and M template constants):
+// unrolled at once, so the array becomes registers. Left to the later unroller, GCC 12 kept
+// such an array on the stack and stored every accumulator back each step of the loop around it.
+#define STEP14_UNROLL _Pragma("GCC unroll 16")
+
 // The first n of 16 lanes (none for n <= 0).
 inline __mmask16 tail_mask(int64_t n) {
   return n >= 16 ? 0xFFFF : n <= 0 ? 0 : static_cast<__mmask16>((1u << n) - 1);
