@@ -205,57 +205,58 @@ inline void write_row(const float* acc, float run_sum, int64_t dim, T* out) {
   }
 }
 
+// Four keys at a time of k0[0 .. n) (rows dim apart): for each of RB rows, per lane a chain of
+// ``add(c, keys, sums)`` over the head's steps c, then sum4's tree (times *scale, if given).
+template <int RB, typename T, typename Add>
+inline void score_fours(const T* k0, int n, int64_t dim, int64_t steps, const __m128* scale, float* scores,
+                        int64_t stride, const Add& add) {
+  for (int kq = 0; kq < n; kq += 4) {
+    const T* keys[4];
+    for (int j = 0; j < 4; ++j) keys[j] = k0 + std::min(kq + j, n - 1) * dim;  // past n: scored, unused
+    __m512 a[RB][4];
+    STEP14_UNROLL for (int r = 0; r < RB; ++r)
+      STEP14_UNROLL for (int j = 0; j < 4; ++j) a[r][j] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < steps; ++c) add(c, keys, a);
+    STEP14_UNROLL for (int r = 0; r < RB; ++r) {
+      const __m128 sum = sum4(a[r][0], a[r][1], a[r][2], a[r][3]);
+      _mm_storeu_ps(scores + r * stride + kq, scale ? _mm_mul_ps(sum, *scale) : sum);
+    }
+  }
+}
+
 // Scores of RB rows against the group's keys k0[0 .. n) (rows dim apart): scores [RB][KEYS].
 // CH: the head's chunks of 16 where the compiler knows them (full loads, unrolled), 0 for any.
 template <typename T, int CH, int RB>
 void score_rows(const RowSet& rs, int r0, const T* k0, int n, int64_t dim, float* scores, int64_t stride) {
 #if defined(__AVX512BF16__)
-  if constexpr (PAIR_DOTS<T>) {  // the same, 32 dims a step: chunks of 32, per lane a chain of pair dots
-    const int64_t pairs = CH ? (CH + 1) / 2 : (dim + 31) / 32;
-    const int64_t rest = dim - (pairs - 1) * 32;
+  if constexpr (PAIR_DOTS<T>) {  // 32 dims a step: per lane a chain of pair dots, then the scale
+    const int64_t pairs = CH ? (CH + 1) / 2 : (dim + 31) / 32, rest = dim - (pairs - 1) * 32;
     const __mmask32 last = rest >= 32 ? ~0u : (1u << rest) - 1;
     const auto* qbits = reinterpret_cast<const uint16_t*>(rs.qs);
     const __m128 scale = _mm_set1_ps(rs.scale);
-    for (int kq = 0; kq < n; kq += 4) {
-      const T* rows[4];
-      for (int j = 0; j < 4; ++j) rows[j] = k0 + std::min(kq + j, n - 1) * dim;  // past n: scored, unused
-      __m512 a[RB][4];
-      for (int r = 0; r < RB; ++r)
-        for (int j = 0; j < 4; ++j) a[r][j] = _mm512_setzero_ps();
-      for (int64_t c = 0; c < pairs; ++c) {
-        const __mmask32 m = c + 1 == pairs ? last : ~0u;
-        __m512bh k[4];
-        for (int j = 0; j < 4; ++j) k[j] = (__m512bh)_mm512_maskz_loadu_epi16(m, rows[j] + c * 32);
-        for (int r = 0; r < RB; ++r) {
-          const __m512bh q = (__m512bh)_mm512_loadu_si512(qbits + (r0 + r) * 2 * rs.width + c * 32);
-          for (int j = 0; j < 4; ++j) a[r][j] = _mm512_dpbf16_ps(a[r][j], q, k[j]);
-        }
+    score_fours<RB>(k0, n, dim, pairs, &scale, scores, stride, [&](int64_t c, const T* const* keys, __m512 (&a)[RB][4]) {
+      const __mmask32 m = c + 1 == pairs ? last : ~0u;
+      __m512bh k[4];
+      STEP14_UNROLL for (int j = 0; j < 4; ++j) k[j] = (__m512bh)_mm512_maskz_loadu_epi16(m, keys[j] + c * 32);
+      STEP14_UNROLL for (int r = 0; r < RB; ++r) {
+        const __m512bh q = (__m512bh)_mm512_loadu_si512(qbits + (r0 + r) * 2 * rs.width + c * 32);
+        STEP14_UNROLL for (int j = 0; j < 4; ++j) a[r][j] = _mm512_dpbf16_ps(a[r][j], q, k[j]);
       }
-      for (int r = 0; r < RB; ++r)
-        _mm_storeu_ps(scores + r * stride + kq, _mm_mul_ps(sum4(a[r][0], a[r][1], a[r][2], a[r][3]), scale));
-    }
+    });
     return;
   }
 #endif
   const int64_t chunks = CH ? CH : (dim + LANES - 1) / LANES;
   const __mmask16 last = CH ? static_cast<__mmask16>(0xFFFF) : tail_mask(dim - (chunks - 1) * LANES);
-  for (int kq = 0; kq < n; kq += 4) {
-    const T* rows[4];
-    for (int j = 0; j < 4; ++j) rows[j] = k0 + std::min(kq + j, n - 1) * dim;  // past n: scored, unused
-    __m512 a[RB][4];
-    for (int r = 0; r < RB; ++r)
-      for (int j = 0; j < 4; ++j) a[r][j] = _mm512_setzero_ps();
-    for (int64_t c = 0; c < chunks; ++c) {
-      const __mmask16 m = c + 1 == chunks ? last : static_cast<__mmask16>(0xFFFF);
-      __m512 k[4];
-      for (int j = 0; j < 4; ++j) k[j] = load(rows[j] + c * LANES, m);
-      for (int r = 0; r < RB; ++r) {
-        const __m512 q = _mm512_loadu_ps(rs.qs + (r0 + r) * rs.width + c * LANES);
-        for (int j = 0; j < 4; ++j) a[r][j] = _mm512_fmadd_ps(q, k[j], a[r][j]);
-      }
+  score_fours<RB>(k0, n, dim, chunks, nullptr, scores, stride, [&](int64_t c, const T* const* keys, __m512 (&a)[RB][4]) {
+    const __mmask16 m = c + 1 == chunks ? last : static_cast<__mmask16>(0xFFFF);
+    __m512 k[4];
+    STEP14_UNROLL for (int j = 0; j < 4; ++j) k[j] = load(keys[j] + c * LANES, m);
+    STEP14_UNROLL for (int r = 0; r < RB; ++r) {
+      const __m512 q = _mm512_loadu_ps(rs.qs + (r0 + r) * rs.width + c * LANES);
+      STEP14_UNROLL for (int j = 0; j < 4; ++j) a[r][j] = _mm512_fmadd_ps(q, k[j], a[r][j]);
     }
-    for (int r = 0; r < RB; ++r) _mm_storeu_ps(scores + r * stride + kq, sum4(a[r][0], a[r][1], a[r][2], a[r][3]));
-  }
+  });
 }
 
 // values = values * alpha + sum_k p_k v_k for RB rows, CH chunks of the head held in registers.
