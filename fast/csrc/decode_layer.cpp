@@ -10,14 +10,8 @@
 #include <ATen/ATen.h>
 
 #include <cstring>
-#include <type_traits>
 
 #include "kernels.h"
-
-#if defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512VL__)
-#include "simd_math.h"
-#define STEP14_ADD_BF16 1
-#endif
 
 namespace {
 
@@ -65,35 +59,6 @@ void write_kv(at::Tensor& pool, const at::Tensor& kv, const int64_t* slots) {
   }
 }
 
-// out = x + y, as at::add rounds it (in float32, one rounding to the dtype); out may be x. A
-// plain loop: at::add's dispatch and iterator cost a decode token more than the sums do.
-template <typename T>
-void add_into(const T* x, const T* y, T* out, int64_t n) {
-  int64_t i = 0;
-#ifdef STEP14_ADD_BF16
-  if constexpr (std::is_same_v<T, at::BFloat16>) {
-    const auto* xs = reinterpret_cast<const uint16_t*>(x);
-    const auto* ys = reinterpret_cast<const uint16_t*>(y);
-    for (; i + 16 <= n; i += 16) {
-      const __m512 sum = _mm512_add_ps(load_bf16(xs + i, 0xFFFF), load_bf16(ys + i, 0xFFFF));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), (__m256i)_mm512_cvtneps_pbh(sum));
-    }
-  }
-#endif
-  for (; i < n; ++i) out[i] = static_cast<T>(static_cast<float>(x[i]) + static_cast<float>(y[i]));
-}
-
-// x + y for two contiguous tensors of one shape and dtype; into x where ``in_place``.
-at::Tensor residual_add(const at::Tensor& x, const at::Tensor& y, bool in_place) {
-  TORCH_CHECK(x.sizes() == y.sizes() && x.scalar_type() == y.scalar_type() && x.is_contiguous() &&
-                  y.is_contiguous(), "decode_layer: a residual and its update of one shape and dtype");
-  at::Tensor out = in_place ? x : at::empty_like(x);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "residual_add", [&] {
-    add_into(x.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), x.numel());
-  });
-  return out;
-}
-
 }  // namespace
 
 LayerWeights::LayerWeights(std::vector<at::Tensor> norms_, double eps_, std::vector<int64_t> kinds_,
@@ -137,8 +102,7 @@ at::Tensor decode_layer(const at::Tensor& x, const LayerWeights& layer, const at
   at::Tensor attended = at::empty_like(q);
   decode_attention(q, pool_k, pool_v, rows, tables, lo, hi, block_size, scale, attended, true);
 
-  at::Tensor out = residual_add(
-      x, linear(kinds[1], attended.view({batch, heads * dim}), weights[1], scales[1], biases[1], false), false);
+  at::Tensor out = x + linear(kinds[1], attended.view({batch, heads * dim}), weights[1], scales[1], biases[1], false);
   const at::Tensor gated = linear(kinds[2], rms_norm(out, norms[1], eps), weights[2], scales[2], biases[2], true);
-  return residual_add(out, linear(kinds[3], gated, weights[3], scales[3], biases[3], false), true);
+  return out.add_(linear(kinds[3], gated, weights[3], scales[3], biases[3], false));
 }
