@@ -14,7 +14,8 @@ int8 with 16 weight rows in the lanes (csrc/lane_linear.cpp); and a layer's glue
 several small ops; and a decode step's whole decoder layer (csrc/decode_layer.cpp), those
 kernels composed in C++ where Python would call each. csrc/kernels.h declares what they export,
 csrc/simd_math.h holds the vector math several of them share, csrc/outputs.h a linear's
-last step (scale, bias, silu, rounding; 16 outputs at a time). A machine without a C++ compiler (or ninja) keeps
+last step (scale, bias, silu, rounding; 16 outputs at a time), csrc/balance.h how a decode
+kernel's items are shared over the threads (a range each, the idle taking from the back). A machine without a C++ compiler (or ninja) keeps
 the PyTorch kinds and says why (``KernelBuild.reason``); nothing else changes. The first build
 takes a while, the cached one about a second to load; ``KernelBuild`` records which it was and
 how long.
@@ -37,7 +38,7 @@ CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = tuple(CSRC / name for name in ("bindings.cpp", "attention.cpp", "small_linear.cpp",
                                          "int8_linear.cpp", "int8_tiles.cpp", "block_linear.cpp",
                                          "lane_linear.cpp", "layer_glue.cpp", "decode_layer.cpp"))
-HEADERS = (CSRC / "simd_math.h", CSRC / "outputs.h", CSRC / "checks.h", CSRC / "kernels.h")
+HEADERS = (CSRC / "simd_math.h", CSRC / "outputs.h", CSRC / "checks.h", CSRC / "kernels.h", CSRC / "balance.h")
 # -fopenmp: at::parallel_for is inline OpenMP; without it the kernel runs on one thread. The
 # OpenMP runtime it links is the one torch already loaded (same soname, libgomp.so.1).
 FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fopenmp")

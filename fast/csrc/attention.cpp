@@ -20,6 +20,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "balance.h"
+
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define STEP14_AVX512 1
 #include <immintrin.h>
@@ -554,13 +556,13 @@ void attend_rows(const at::Tensor& q, const at::Tensor& pool_k, const at::Tensor
   const T* kp = pool_k.data_ptr<T>();
   const T* vp = pool_v.data_ptr<T>();
   T* op = out.data_ptr<T>();
-  at::parallel_for(0, rows.count * kv_heads, 1, [&](int64_t begin, int64_t end) {
+  balanced_for(rows.count * kv_heads, [&](Claims& claims) {
 #ifdef STEP14_AVX512
     std::unique_ptr<RowScratch> scratch = vector ? std::make_unique<RowScratch>(dim) : nullptr;
 #endif
     std::vector<float> scores, query, acc;
     if (!vector) scores.resize(group * rows.longest), query.resize(group * dim), acc.resize(group * dim);
-    for (int64_t i = begin; i < end; ++i) {
+    for (int64_t i; claims.next(i);) {
       const int64_t b = i / kv_heads, h = i % kv_heads, r = rows.row[b];
       const Task<T> task{qp + r * q.stride(0) + h * group * q.stride(1), q.stride(1),
                          kp + h * slots * dim, vp + h * slots * dim, rows.table + b * rows.width,

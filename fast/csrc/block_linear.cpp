@@ -208,15 +208,20 @@ void q8_0_linear_into(const Quantized& a, int64_t m, const at::Tensor& weight, c
   const uint8_t* w = static_cast<const uint8_t*>(weight.data_ptr());
   const at::Half* ws = scale.data_ptr<at::Half>();
   const Finish finish{nullptr, bias, width, silu_mul};
-  at::parallel_for(0, width, ROWS_PER_TASK, [&](int64_t begin, int64_t end) {
+  const int64_t most = std::min(GROUP, m);  // input rows a group holds
+  struct Sums {
+    std::vector<float> gate, up;
+  };
+  const auto setup = [&] {
+    return Sums{std::vector<float>(ROWS_PER_TASK * most), std::vector<float>(silu_mul ? ROWS_PER_TASK * most : 0)};
+  };
+  balanced_chunks(width, ROWS_PER_TASK, setup, [&](Sums& s, int64_t begin, int64_t end) {
     const int64_t rows = end - begin;
-    const int64_t most = std::min(GROUP, m);  // input rows a group holds
-    std::vector<float> gate(rows * most), up(silu_mul ? rows * most : 0);
     for (int64_t first = 0; first < m; first += GROUP) {
       const int64_t group = std::min(GROUP, m - first);
-      rows_dots(w, ws, begin, rows, a, first, group, gate.data());
-      if (silu_mul) rows_dots(w, ws, width + begin, rows, a, first, group, up.data());
-      finish.rows(gate.data(), up.data(), group, begin, rows, out + first * width);
+      rows_dots(w, ws, begin, rows, a, first, group, s.gate.data());
+      if (silu_mul) rows_dots(w, ws, width + begin, rows, a, first, group, s.up.data());
+      finish.rows(s.gate.data(), s.up.data(), group, begin, rows, out + first * width);
     }
   });
 }

@@ -32,6 +32,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "balance.h"
 #include "checks.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__) && \
@@ -317,10 +318,10 @@ void lane_linear_into(const Acts& a, int64_t m, const at::Tensor& weight, const 
   const at::Half* ws = F == Format::int8 ? nullptr : scale.data_ptr<at::Half>();
   const float* rs = F == Format::int8 ? scale.data_ptr<float>() : nullptr;
   const int64_t row_bytes = weight.size(1), nb = a.blocks, groups = (width + LANES - 1) / LANES;
-  at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
+  balanced_for(groups, [&](Claims& claims) {
     std::vector<__m512> g(MAX_M), u(MAX_M);
     Copy gate, up;
-    for (int64_t grp = begin; grp < end; ++grp) {
+    for (int64_t grp; claims.next(grp);) {
       const int64_t row0 = grp * LANES, count = std::min(LANES, width - row0);
       if constexpr (F == Format::q4_0) {  // group grp's rows start at row0's bytes
         auto run = [&](auto full) {
@@ -339,7 +340,8 @@ void lane_linear_into(const Acts& a, int64_t m, const at::Tensor& weight, const 
         if (count == LANES) run(std::true_type{});
         else run(std::false_type{});
       } else {
-        const int64_t next_count = grp + 1 < end ? std::min(LANES, width - row0 - LANES) : 0;
+        // the group after it, as the owner of a range claims them
+        const int64_t next_count = grp + 1 < groups ? std::min(LANES, width - row0 - LANES) : 0;
         copy_rows<F>(w, ws, row_bytes, nb, row0, count, silu_mul ? width + row0 : row0 + LANES,
                      silu_mul ? count : next_count, gate);
         if (silu_mul) copy_rows<F>(w, ws, row_bytes, nb, width + row0, count, row0 + LANES, next_count, up);

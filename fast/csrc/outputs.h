@@ -3,7 +3,7 @@
 // Done one value at a time it cost a decode token as much as a few weight rows' reads (a
 // scalar exp and a scalar bfloat16 rounding per output). Included where the build targets
 // AVX-512. Beside it, how a few-row kernel shares its weight rows out over the threads
-// (``rows_over_threads``).
+// (``rows_over_threads``, by balance.h).
 #pragma once
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "balance.h"
 #include "simd_math.h"
 
 // 16 float32 values to out's dtype (the mask's lanes), rounded once to nearest even.
@@ -69,11 +70,14 @@ struct Finish {
 // rows, then (silu_mul) the up rows, then the last step into out [m, width].
 template <typename Dots, typename T>
 void rows_over_threads(int64_t m, int64_t grain, const Finish& finish, const Dots& dots, T* out) {
-  at::parallel_for(0, finish.width, grain, [&](int64_t begin, int64_t end) {
+  struct Sums {
+    std::vector<float> gate, up;
+  };
+  const auto setup = [&] { return Sums{std::vector<float>(m * grain), std::vector<float>(finish.silu_mul ? m * grain : 0)}; };
+  balanced_chunks(finish.width, grain, setup, [&](Sums& s, int64_t begin, int64_t end) {
     const int64_t rows = end - begin;
-    std::vector<float> gate(m * rows), up(finish.silu_mul ? m * rows : 0);
-    dots(begin, rows, gate.data());
-    if (finish.silu_mul) dots(finish.width + begin, rows, up.data());
-    finish.rows(gate.data(), up.data(), m, begin, rows, out);
+    dots(begin, rows, s.gate.data());
+    if (finish.silu_mul) dots(finish.width + begin, rows, s.up.data());
+    finish.rows(s.gate.data(), s.up.data(), m, begin, rows, out);
   });
 }
