@@ -90,7 +90,8 @@ def measure(model: str, threads: int, steps: int, quantization: str | None) -> l
     bound = bandwidth / weights
     lines = [f"threads {threads}: read bandwidth {bandwidth / 1e9:.1f} GB/s; weights per token "
              f"{weights / 1e9:.3f} GB; bound {bound:.1f} tok/s",
-             f"  step: median {step * 1e3:.2f} ms = {1 / step:.1f} tok/s ({1 / step / bound:.0%} of the bound)"]
+             f"  step: median {step * 1e3:.2f} ms = {1 / step:.1f} tok/s ({1 / step / bound:.0%} of the bound); "
+             f"mean {mean * 1e3:.2f} ms, split below"]
     in_forward = spent.pop("forward") / steps
     kernels = 0.0
     for label, total in spent.most_common():

@@ -291,9 +291,10 @@ def test_decode_split_accounts_for_the_step(llama_dir):
     lines = measure(llama_dir, threads=1, steps=4, quantization=None)
     assert lines[0].startswith("threads 1: read bandwidth") and "of the bound" in lines[1]
     parts = [float(line.split(": ")[1].split(" ms")[0]) for line in lines[2:]]
-    step_ms = float(lines[1].split("median ")[1].split(" ms")[0])
-    assert any("outside the forward" in line for line in lines) and min(parts[-1], step_ms) > 0
-    assert abs(sum(parts) - step_ms) < 0.5 * step_ms  # mean vs median: the parts are of the mean
+    mean_ms = float(lines[1].split("mean ")[1].split(" ms")[0])
+    assert any("outside the forward" in line for line in lines) and min(parts[-1], mean_ms) > 0
+    # the parts split the mean step: their sum is it, up to each part's rounding to 0.01 ms
+    assert abs(sum(parts) - mean_ms) <= 0.005 * (len(parts) + 1) + 1e-9
 
 
 def test_int4_quality_rows_on_a_small_checkpoint(llama_dir):

@@ -18,7 +18,8 @@ import time
 
 TESTS = ["tests/test_kernel_sweep.py", "tests/test_long_context.py", "tests/test_attention_kinds.py",
          "tests/test_kernel_limits.py", "tests/test_layer_glue.py", "tests/test_small_linear.py",
-         "tests/test_int8.py", "tests/test_block_formats.py", "tests/test_decode_layer.py"]
+         "tests/test_int8.py", "tests/test_block_formats.py", "tests/test_decode_layer.py",
+         "tests/test_balanced_split.py"]
 
 
 def runtime(name: str) -> str:
