@@ -18,8 +18,10 @@ import time
 
 TESTS = ["tests/test_kernel_sweep.py", "tests/test_long_context.py", "tests/test_attention_kinds.py",
          "tests/test_kernel_limits.py", "tests/test_layer_glue.py", "tests/test_small_linear.py",
-         "tests/test_int8.py", "tests/test_block_formats.py", "tests/test_decode_layer.py",
-         "tests/test_balanced_split.py"]
+         "tests/test_int8.py", "tests/test_block_formats.py", "tests/test_decode_layer.py"]
+# tests/test_balanced_split.py runs clean here too (python -m tools.sanitize tests/test_balanced_split.py),
+# but at 3 and 5 threads on a 2-core box its spinning OpenMP teams take minutes under ASan: not in
+# every run, where CI's time is bounded.
 
 
 def runtime(name: str) -> str:
