@@ -79,21 +79,22 @@ template <typename Body>
 void balanced_for(int64_t n, const Body& body) {
   if (n <= 0) return;
   const int threads = at::in_parallel_region() ? 1 : static_cast<int>(std::min<int64_t>(at::get_num_threads(), n));
-  const int count = std::max(threads, 1);
-  std::unique_ptr<Claims::Range[]> ranges(new Claims::Range[count]);
-  for (int t = 0; t < count; ++t)
-    ranges[t].ends.store(Claims::pack(n * t / count, n * (t + 1) / count), std::memory_order_relaxed);
-  if (threads <= 1) {
-    Claims claims(ranges.get(), count, 0);
+  if (threads == 1) {  // every item in the caller, in order
+    Claims::Range all;
+    all.ends.store(Claims::pack(0, n), std::memory_order_relaxed);
+    Claims claims(&all, 1, 0);
     body(claims);
     return;
   }
+  std::unique_ptr<Claims::Range[]> ranges(new Claims::Range[threads]);
+  for (int t = 0; t < threads; ++t)
+    ranges[t].ends.store(Claims::pack(n * t / threads, n * (t + 1) / threads), std::memory_order_relaxed);
   std::exception_ptr error;
 #pragma omp parallel num_threads(threads)
   {
     // A team smaller than asked leaves some ranges unowned: the others take them from the back.
     const int t = omp_get_thread_num();
-    Claims claims(ranges.get(), count, t < count ? t : -1);
+    Claims claims(ranges.get(), threads, t < threads ? t : -1);
     try {
       body(claims);
     } catch (...) {
